@@ -1,0 +1,96 @@
+"""`toolbus`: the command line. Heavy imports (mcp, pynvim) happen only in the commands that need them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from importlib import metadata
+
+from adapters.config import Settings, add_settings_arguments, settings_from
+from bus import ToolbusError
+
+USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
+
+Runner = Callable[[argparse.Namespace, Settings], int]
+
+
+class UsageError(Exception):
+    """Bad command-line input; reported in one line with exit code 2."""
+
+
+def version() -> str:
+    try:
+        return metadata.version("toolbus")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="toolbus: %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = settings_from(args)
+        runner: Runner = args.run
+        return runner(args, settings)
+    except (UsageError, ToolbusError, ValueError) as error:
+        print(f"toolbus {args.command}: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    from adapters import cli_journal
+
+    parser = argparse.ArgumentParser(prog="toolbus", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"toolbus {version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the MCP server over stdio (what an agent starts)")
+    serve.set_defaults(run=run_serve)
+    doctor = commands.add_parser(
+        "doctor", help="show the Neovim and journal toolbus would use, and check them"
+    )
+    doctor.set_defaults(run=run_doctor)
+    for sub in (serve, doctor):
+        add_settings_arguments(sub)
+        sub.add_argument("-v", "--verbose", action="store_true", help="debug logs on stderr")
+    cli_journal.add_commands(commands)
+    return parser
+
+
+def run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import anyio
+
+    from adapters.bootstrap import build_bus, open_journal
+    from adapters.mcp_server import build_server, serve_stdio
+
+    journal = open_journal(settings)
+    bus = build_bus(settings, journal)
+    server = build_server(bus, settings.agent, settings.department, version())
+    logging.getLogger("toolbus").info("serving; journal %s", settings.journal)
+    try:
+        anyio.run(serve_stdio, server)
+    finally:
+        bus.services.editor.disconnect()
+        journal.close()
+    return 0
+
+
+def run_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from adapters.doctor import diagnose
+
+    report, healthy = diagnose(settings, version())
+    print(report)
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Settings from flags and environment variables; flags win."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from journal import default_journal_path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    journal: Path
+    nvim: str | None  # explicit --nvim; None means $TOOLBUS_NVIM, $NVIM, then discovery
+    nvim_timeout: float
+    agent: str
+    department: str
+    journal_sync: str  # FULL (durable) or NORMAL
+    journal_busy_timeout: float
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every command that talks to the journal or Neovim shares."""
+    parser.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="journal file ($TOOLBUS_JOURNAL; default $XDG_STATE_HOME/toolbus/journal.db)",
+    )
+    parser.add_argument(
+        "--nvim",
+        metavar="ADDRESS",
+        help="Neovim socket path or host:port ($TOOLBUS_NVIM, then $NVIM, then a discovered running Neovim)",
+    )
+    parser.add_argument(
+        "--nvim-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="timeout for each Neovim request ($TOOLBUS_NVIM_TIMEOUT; default 5)",
+    )
+    parser.add_argument("--agent", help="this caller's agent name ($TOOLBUS_AGENT; default legacy)")
+    parser.add_argument(
+        "--department", help="this caller's department ($TOOLBUS_DEPARTMENT; default default)"
+    )
+    parser.add_argument(
+        "--journal-sync",
+        choices=["FULL", "NORMAL"],
+        type=str.upper,
+        help="SQLite synchronous mode ($TOOLBUS_JOURNAL_SYNC; default FULL: durable)",
+    )
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    journal = getattr(args, "journal", None) or env.get("TOOLBUS_JOURNAL")
+    return Settings(
+        journal=Path(journal).expanduser() if journal else default_journal_path(),
+        nvim=getattr(args, "nvim", None),
+        nvim_timeout=_positive(getattr(args, "nvim_timeout", None) or env.get("TOOLBUS_NVIM_TIMEOUT") or 5.0),
+        agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or "legacy",
+        department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or "default",
+        journal_sync=(
+            getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"
+        ).upper(),
+        journal_busy_timeout=5.0,
+    )
+
+
+def _positive(value: float | str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(f"expected a positive number of seconds, got {value}")
+    return number

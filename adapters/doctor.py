@@ -1,0 +1,90 @@
+"""`toolbus doctor`: what toolbus would connect to, and whether it works."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sqlite3
+from importlib import metadata
+
+from adapters.config import Settings
+from adapters.nvim import attach, find_nvim
+from bus import JournalUnavailable
+from journal import SqliteJournal
+
+
+def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
+    """A short report for people, and whether everything is usable."""
+    lines: list[str] = []
+    nvim_ok = _check_nvim(settings, lines)
+    journal_ok = _check_journal(settings, lines)
+    lines.append(
+        f"versions: toolbus {toolbus_version}, Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}, "
+        + ", ".join(f"{name} {_version(name)}" for name in ("mcp", "pynvim", "msgspec", "sqlite-utils"))
+    )
+    lines.append(f"identity: agent {settings.agent!r}, department {settings.department!r}")
+    healthy = nvim_ok and journal_ok
+    lines.append("ok: toolbus is ready" if healthy else "not ready: fix the lines marked ✗ above")
+    return "\n".join(lines), healthy
+
+
+def _check_nvim(settings: Settings, lines: list[str]) -> bool:
+    found = find_nvim(settings.nvim)
+    if found is None:
+        lines.append(
+            "✗ neovim: none found (no --nvim, $TOOLBUS_NVIM or $NVIM, and no running Neovim socket). "
+            "Start Neovim with --listen ADDRESS and pass that address with --nvim or $TOOLBUS_NVIM"
+        )
+        return False
+    try:
+        with attach(found.address) as nvim:
+            info = nvim.request("nvim_exec_lua", "return tostring(vim.version())", [])
+            cwd = nvim.funcs.getcwd()
+    except Exception as error:
+        lines.append(
+            f"✗ neovim: {found.address} (from {found.source}) does not answer: {error}. "
+            "Is that Neovim running? Check :echo v:servername inside it"
+        )
+        return False
+    lines.append(f"✓ neovim: {found.address} (from {found.source}) answers: NVIM v{info}, cwd {cwd}")
+    return True
+
+
+def _check_journal(settings: Settings, lines: list[str]) -> bool:
+    path = settings.journal
+    if not path.exists():
+        parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+        if parent is not None and os.access(parent, os.W_OK):
+            lines.append(f"✓ journal: {path} (will be created on first use)")
+            return True
+        lines.append(
+            f"✗ journal: {path} cannot be created ({parent} is not writable); choose another with "
+            "--journal or $TOOLBUS_JOURNAL"
+        )
+        return False
+    try:
+        journal = SqliteJournal(path, create=False)
+    except JournalUnavailable as error:
+        lines.append(f"✗ journal: {error}")
+        return False
+    try:
+        commands, events = journal.run_sync(
+            lambda conn: conn.execute(
+                "SELECT (SELECT count(*) FROM commands), (SELECT count(*) FROM events)"
+            ).fetchone()
+        )
+    finally:
+        journal.close()
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    mark = "✓" if writable else "✗"
+    state = "writable" if writable else "NOT writable: fix its permissions or choose another with --journal"
+    lines.append(f"{mark} journal: {path} ({state}; {commands} commands, {events} events)")
+    return writable
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "missing"

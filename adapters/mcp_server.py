@@ -1,0 +1,68 @@
+"""The MCP edge: a low-level `mcp` Server whose every tool call goes through the bus."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import mcp.types as types
+import msgspec
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+
+from bus import Bus, Caller, Reply, ToolbusError
+
+log = logging.getLogger("toolbus.mcp")
+_json = msgspec.json.Encoder()
+
+
+def render(reply: Reply) -> str:
+    """A reply as the result text: plain strings as they are, everything else compact JSON."""
+    return reply if isinstance(reply, str) else _json.encode(reply).decode()
+
+
+def build_server(bus: Bus, agent: str, department: str, version: str) -> Server[Any]:
+    tools = [
+        types.Tool(name=cmd.tool, description=cmd.description, input_schema=cmd.schema)
+        for cmd in bus.commands.values()
+    ]
+    # stdio serves exactly one client per process: one session id for the process's lifetime.
+    session_id = secrets.token_hex(8)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        caller = _caller(ctx, agent, department, session_id)
+        try:
+            reply = await bus.handle(params.name, params.arguments, caller)
+        except ToolbusError as error:
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=str(error))], is_error=True
+            )
+        return types.CallToolResult(content=[types.TextContent(type="text", text=render(reply))])
+
+    return Server("toolbus", version=version, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str) -> Caller:
+    client = getattr(ctx.session.client_params, "client_info", None)
+    return Caller(
+        agent=agent,
+        department=department,
+        client_name=getattr(client, "name", None),
+        client_version=getattr(client, "version", None),
+        session_id=session_id,
+    )
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -1,0 +1,249 @@
+"""Commands: one msgspec Struct per MCP tool, with the tool's published schema beside it.
+
+Decoding a tool's arguments into its Struct *is* the argument check (see `decode_command`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+
+ObservationType = Literal["decision", "bugfix", "feature", "refactor", "discovery", "change"]
+Visibility = Literal["private", "department", "project", "public"]
+OrderBy = Literal["relevance", "date_desc", "date_asc"]
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# One bound for every free-text argument: big enough for any real document or note,
+# small enough that one call cannot balloon the journal or the server's memory.
+MAX_TEXT_BYTES = 1_000_000
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_BYTES)]
+ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call, validated. `tool` is the MCP tool name; `schema` its inputSchema."""
+
+    tool: ClassVar[str]
+    description: ClassVar[str]
+    schema: ClassVar[dict[str, Any]]
+    # Commands that change the world are journaled before they run (write-ahead);
+    # queries are recorded together with their outcome in one transaction.
+    mutates: ClassVar[bool] = False
+
+
+class InvalidPath(ValueError):
+    """A path argument that is not absolute; carries the field it came from."""
+
+    def __init__(self, field: str, value: str) -> None:
+        super().__init__(f'{field}: expected an absolute path, got "{value}"')
+
+
+def absolute_path(field: str, value: str) -> str:
+    """`~` expanded, then required to be absolute."""
+    expanded = os.path.expanduser(value)
+    if not os.path.isabs(expanded):
+        raise InvalidPath(field, value)
+    return expanded
+
+
+def _file_path_schema(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"filePath": {"type": "string", "description": description}},
+        "required": ["filePath"],
+    }
+
+
+# --- editor ----------------------------------------------------------------------------
+
+
+class GetOpenEditors(Command, frozen=True, kw_only=True):
+    tool = "getOpenEditors"
+    description = "Get the list of currently open editors (buffers) in Neovim"
+    schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+
+
+class CheckDocumentDirty(Command, frozen=True, kw_only=True):
+    tool = "checkDocumentDirty"
+    description = "Check if a document has unsaved changes (is dirty)"
+    schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to check")
+
+    filePath: ShortText
+
+    def __post_init__(self) -> None:
+        absolute_path("filePath", self.filePath)
+
+
+class SaveDocument(Command, frozen=True, kw_only=True):
+    tool = "saveDocument"
+    description = "Save a document with unsaved changes"
+    schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
+    mutates = True
+
+    filePath: ShortText
+
+    def __post_init__(self) -> None:
+        absolute_path("filePath", self.filePath)
+
+
+class CloseTab(Command, frozen=True, kw_only=True):
+    tool = "close_tab"
+    description = ""
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"tab_name": {"type": "string"}},
+        "required": ["tab_name"],
+    }
+    mutates = True
+
+    tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+# --- memory ----------------------------------------------------------------------------
+
+_OBSERVATION_TYPES = ["decision", "bugfix", "feature", "refactor", "discovery", "change"]
+_VISIBILITIES = ["private", "department", "project", "public"]
+
+
+class SaveObservation(Command, frozen=True, kw_only=True):
+    tool = "save"
+    description = (
+        "Save observation to memory. Params: title (required), text (required), type, project, "
+        "memory_session_id, facts[], concepts[], agent, department, visibility"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "description": "Observation title"},
+            "text": {"type": "string", "description": "Observation content/narrative"},
+            "type": {
+                "type": "string",
+                "enum": _OBSERVATION_TYPES,
+                "description": "Observation type (default: discovery)",
+            },
+            "project": {"type": "string", "description": "Project name (default: manual)"},
+            "memory_session_id": {"type": "string", "description": "Session ID for grouping related saves"},
+            "facts": {"type": "array", "items": {"type": "string"}, "description": "Key facts"},
+            "concepts": {"type": "array", "items": {"type": "string"}, "description": "Related concepts"},
+            "agent": {"type": "string", "description": "Agent identifier (default: legacy)"},
+            "department": {"type": "string", "description": "Department name (default: default)"},
+            "visibility": {
+                "type": "string",
+                "enum": _VISIBILITIES,
+                "description": "Visibility level (default: project)",
+            },
+        },
+        "required": ["title", "text"],
+        "additionalProperties": True,
+    }
+    mutates = True
+
+    title: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    text: Text
+    type: ObservationType = "discovery"
+    project: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "manual"
+    memory_session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    facts: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=MAX_TEXT_BYTES)]], msgspec.Meta(max_length=1000)
+    ] = []
+    concepts: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=1000)
+    ] = []
+    agent: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    department: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    visibility: Visibility = "project"
+    # Fields the schema does not name (files_read, files_modified, ...), kept verbatim.
+    extra: dict[str, Any] = {}
+
+
+class SearchObservations(Command, frozen=True, kw_only=True):
+    tool = "search"
+    description = (
+        "Search memory. All words must match (any order) across title, text, facts and concepts; "
+        '"quoted phrases" match as phrases. Params: query, limit (default 20, max 100), offset, '
+        "project, type (one or comma list), dateStart, dateEnd (ISO date or epoch ms), "
+        "orderBy (relevance|date_desc|date_asc). Returns index rows; fetch full text with get_observations"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": 'Words and "quoted phrases" to find'},
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+                "description": "Max rows (default 20)",
+            },
+            "offset": {"type": "integer", "minimum": 0, "description": "Rows to skip (default 0)"},
+            "project": {"type": "string", "description": "Only this project"},
+            "type": {"type": "string", "description": "Observation type, or a comma list of types"},
+            "dateStart": {"type": ["string", "integer"], "description": "From this ISO date or epoch ms"},
+            "dateEnd": {"type": ["string", "integer"], "description": "Up to this ISO date or epoch ms"},
+            "orderBy": {"type": "string", "enum": ["relevance", "date_desc", "date_asc"]},
+        },
+    }
+
+    query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
+    offset: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    project: ShortText | None = None
+    type: ShortText | None = None
+    dateStart: ShortText | int | None = None
+    dateEnd: ShortText | int | None = None
+    orderBy: OrderBy | None = None
+
+
+class Timeline(Command, frozen=True, kw_only=True):
+    tool = "timeline"
+    description = (
+        "Observations around an anchor in time. Params: anchor (observation id) or query (its best hit "
+        "is the anchor), depth_before, depth_after (default 3 each), project"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "anchor": {"type": "integer", "description": "Observation id to center on"},
+            "query": {"type": "string", "description": "Search query; its best hit is the anchor"},
+            "depth_before": {"type": "integer", "minimum": 0, "maximum": 100, "description": "Default 3"},
+            "depth_after": {"type": "integer", "minimum": 0, "maximum": 100, "description": "Default 3"},
+            "project": {"type": "string", "description": "Only this project"},
+        },
+    }
+
+    anchor: int | None = None
+    query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    depth_before: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
+    depth_after: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
+    project: ShortText | None = None
+
+    def __post_init__(self) -> None:
+        if self.anchor is None and not (self.query or "").strip():
+            raise ValueError("anchor: expected an observation id, or a non-empty query")
+
+
+class GetObservations(Command, frozen=True, kw_only=True):
+    tool = "get_observations"
+    description = "Full observations by id, in the order asked. Params: ids (array of observation ids)"
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "ids": {"type": "array", "items": {"type": "integer"}, "description": "Observation ids"}
+        },
+        "required": ["ids"],
+    }
+
+    ids: Annotated[list[int], msgspec.Meta(max_length=1000)]
+
+
+TOOL_COMMANDS: tuple[type[Command], ...] = (
+    GetOpenEditors,
+    CheckDocumentDirty,
+    SaveDocument,
+    CloseTab,
+    SaveObservation,
+    SearchObservations,
+    Timeline,
+    GetObservations,
+)

@@ -1,0 +1,36 @@
+"""The errors a command can end in, each with a message meant for the agent to read."""
+
+from __future__ import annotations
+
+
+class ToolbusError(Exception):
+    """Base of every error toolbus reports to a caller."""
+
+
+class InvalidArguments(ToolbusError):
+    """The arguments do not fit the tool's schema. Nothing was changed."""
+
+    def __init__(self, tool: str, detail: str) -> None:
+        super().__init__(f"Invalid arguments for {tool}: {detail}")
+        self.tool = tool
+        self.detail = detail
+
+
+class Fault(ToolbusError):
+    """Something outside toolbus failed (Neovim, the disk). The server keeps serving."""
+
+
+class EditorUnavailable(Fault):
+    """No Neovim could be reached."""
+
+
+class EditorTimeout(Fault):
+    """Neovim did not answer in time (blocked by a prompt, or busy)."""
+
+
+class JournalUnavailable(Fault):
+    """The journal cannot be written (locked, read-only, full, or not a toolbus journal)."""
+
+
+class JournalNotFound(JournalUnavailable):
+    """A read-only command was pointed at a journal file that does not exist."""

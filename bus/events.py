@@ -1,0 +1,161 @@
+"""Events: what happened, as msgspec Structs tagged by type and versioned.
+
+A stored event is `(type, version, data)`. Reading goes through `decode_event`, which
+upcasts older versions step by step (`UPCASTERS`) and lets msgspec fill defaults for
+fields added later, so stored rows are never rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+    """Base of all events. `version` is the schema version of the event type's data."""
+
+    version: ClassVar[int] = 1
+
+    @property
+    def stream(self) -> str:
+        """The thing the event is about, e.g. `file:/abs/path` or `memory:project`."""
+        raise NotImplementedError
+
+
+def blob_hash(content: bytes) -> str:
+    """Content address of a blob: its SHA-256, hex."""
+    return hashlib.sha256(content).hexdigest()
+
+
+# --- editor ----------------------------------------------------------------------------
+
+
+class DocumentSaved(Event, frozen=True, kw_only=True, tag="DocumentSaved"):
+    """A buffer was written to its file."""
+
+    path: str
+    written_blob: str
+    bytes_written: int
+    replaced_blob: str | None  # the text on disk before the write; None when there was no file
+    disk_changed: bool  # the file had changed on disk since Neovim read it
+    reloaded: bool  # ...and the unmodified buffer was reloaded from disk first
+
+    @property
+    def stream(self) -> str:
+        return f"file:{self.path}"
+
+
+class DocumentSaveRefused(Event, frozen=True, kw_only=True, tag="DocumentSaveRefused"):
+    """A save that wrote nothing: the document was not open, a conflict, or a Vim error."""
+
+    path: str
+    reason: Literal["not_open", "conflict", "vim_error"]
+    message: str
+
+    @property
+    def stream(self) -> str:
+        return f"file:{self.path}"
+
+
+class TabClosed(Event, frozen=True, kw_only=True, tag="TabClosed"):
+    """A buffer was wiped. `discarded_blob` holds unsaved text it had, if any."""
+
+    path: str
+    tab_name: str
+    was_modified: bool
+    discarded_blob: str | None
+
+    @property
+    def stream(self) -> str:
+        return f"file:{self.path}"
+
+
+class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
+    """close_tab closed nothing: no buffer matched, or several did."""
+
+    tab_name: str
+    reason: Literal["not_found", "ambiguous"]
+    candidates: list[str] = []
+
+    @property
+    def stream(self) -> str:
+        return f"tab:{self.tab_name}"
+
+
+class FileRestored(Event, frozen=True, kw_only=True, tag="FileRestored"):
+    """`toolbus recover --apply` wrote a recorded text back to a file."""
+
+    path: str
+    from_position: int
+    written_blob: str
+    replaced_blob: str | None
+
+    @property
+    def stream(self) -> str:
+        return f"file:{self.path}"
+
+
+# --- memory ----------------------------------------------------------------------------
+
+
+class ObservationSaved(Event, frozen=True, kw_only=True, tag="ObservationSaved"):
+    """An observation was saved to memory. Its id is the event's journal position."""
+
+    title: str
+    text: str
+    type: str
+    project: str
+    memory_session_id: str
+    facts: list[str]
+    concepts: list[str]
+    agent: str
+    department: str
+    visibility: str
+    created_at_epoch: int
+    extra: dict[str, Any] = {}
+
+    @property
+    def stream(self) -> str:
+        return f"memory:{self.project}"
+
+
+AnyEvent = DocumentSaved | DocumentSaveRefused | TabClosed | TabCloseSkipped | FileRestored | ObservationSaved
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (
+        DocumentSaved,
+        DocumentSaveRefused,
+        TabClosed,
+        TabCloseSkipped,
+        FileRestored,
+        ObservationSaved,
+    )
+}
+
+# (event type, stored version) -> function turning that version's data into the next version's.
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_event_data(event: Event) -> bytes:
+    """The event's data as stored: JSON, tagged with its type under `event`."""
+    return _encoder.encode(event)
+
+
+def decode_event(type_name: str, version: int, data: bytes | str) -> Event:
+    """A stored event as its current Struct, upcasting older versions on the way."""
+    cls = EVENT_TYPES.get(type_name)
+    if cls is None:
+        raise ValueError(f"unknown event type {type_name!r}")
+    fields: dict[str, Any] = msgspec.json.decode(data)
+    while version < cls.version:
+        fields = UPCASTERS[(type_name, version)](fields)
+        version += 1
+    fields["event"] = type_name
+    return msgspec.convert(fields, cls)

@@ -1,0 +1,223 @@
+"""The bus: arguments in, a typed command through its handler, the outcome journaled, a reply out.
+
+Write ahead, answer after: a command that changes the world is recorded (status `in_doubt`)
+before its handler runs; its events and final status are committed in one transaction
+before the reply leaves. A query is recorded with its outcome in one transaction, also
+before the reply. A crash in between leaves an `in_doubt` command, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import msgspec
+
+from bus.commands import Command, InvalidPath
+from bus.errors import Fault, InvalidArguments, ToolbusError
+from bus.events import Event
+
+log = logging.getLogger("toolbus.bus")
+
+Status = Literal["ok", "rejected", "failed", "in_doubt"]
+Reply = str | msgspec.Struct | Mapping[str, Any]
+C = TypeVar("C", bound=Command)
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is calling: the configured identity and the MCP client behind it."""
+
+    agent: str = "legacy"
+    department: str = "default"
+    client_name: str | None = None
+    client_version: str | None = None
+    session_id: str | None = None
+
+
+class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A call as the journal records it, before anything is known of its outcome."""
+
+    tool: str
+    arguments: Any
+    caller: Caller
+    received_ns: int  # time.time_ns() at arrival
+
+
+class Journal(Protocol):
+    """The write side of the journal, as the bus needs it."""
+
+    async def begin(self, record: CommandRecord) -> int:
+        """Record a command as `in_doubt`; return its id."""
+        ...
+
+    async def finish(
+        self,
+        record: CommandRecord,
+        command_id: int | None,
+        status: Status,
+        *,
+        error: str | None = None,
+        events: Sequence[Event] = (),
+        blobs: Mapping[str, bytes] | None = None,
+    ) -> list[int]:
+        """Commit the outcome (inserting the command first when `command_id` is None);
+        return the positions given to `events`."""
+        ...
+
+
+@dataclass(slots=True)
+class HandlerContext(Generic[C]):
+    """What a handler gets besides its command: its collaborators and a way to commit."""
+
+    caller: Caller
+    services: Any
+    _commit: Callable[[Sequence[Event], Mapping[str, bytes]], Awaitable[list[int]]]
+    committed: bool = field(default=False)
+
+    async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
+        """Append the outcome events (and the blobs they name) and mark the command done.
+        Returns the events' journal positions."""
+        positions = await self._commit(events, blobs or {})
+        self.committed = True
+        return positions
+
+
+Handler = Callable[[Any, HandlerContext[Any]], Awaitable[Reply]]
+
+
+class Bus:
+    """Dispatches tool calls to their handlers, journaling every call and its outcome."""
+
+    def __init__(
+        self,
+        commands: Mapping[str, type[Command]],
+        handlers: Mapping[type[Command], Handler],
+        journal: Journal,
+        services: Any,
+    ) -> None:
+        missing = [cmd.tool for cmd in commands.values() if cmd not in handlers]
+        if missing:
+            raise ValueError(f"no handler for {missing}")
+        self.commands = commands
+        self._handlers = handlers
+        self._journal = journal
+        self.services = services
+
+    async def handle(self, tool: str, arguments: Mapping[str, Any] | None, caller: Caller) -> Reply:
+        """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot."""
+        record = CommandRecord(tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns())
+        command_type = self.commands.get(tool)
+        try:
+            if command_type is None:
+                raise InvalidArguments(tool, f"unknown tool; known tools: {', '.join(self.commands)}")
+            command = decode_command(command_type, arguments)
+        except InvalidArguments as error:
+            await self._journal.finish(record, None, "rejected", error=str(error))
+            raise
+        command_id = await self._journal.begin(record) if command_type.mutates else None
+        return await self._run(command, record, command_id)
+
+    async def _run(self, command: Command, record: CommandRecord, command_id: int | None) -> Reply:
+        async def commit(events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+            return await self._journal.finish(record, command_id, "ok", events=events, blobs=blobs)
+
+        context: HandlerContext[Any] = HandlerContext(
+            caller=record.caller, services=self.services, _commit=commit
+        )
+        handler = self._handlers[type(command)]
+        try:
+            reply = await handler(command, context)
+        except ToolbusError as error:
+            if not context.committed:
+                await self._finish_failed(record, command_id, str(error))
+            raise
+        except Exception as error:  # a bug: journal it, answer clearly, keep serving
+            log.exception("handler for %s crashed", record.tool)
+            message = f"{record.tool} failed: internal error: {error!r}"
+            if not context.committed:
+                await self._finish_failed(record, command_id, message)
+            raise Fault(message) from error
+        if not context.committed:
+            await commit((), {})
+        return reply
+
+    async def _finish_failed(self, record: CommandRecord, command_id: int | None, message: str) -> None:
+        # If even this cannot be written, the write-ahead row stays `in_doubt`: the truth.
+        try:
+            await self._journal.finish(record, command_id, "failed", error=message)
+        except ToolbusError:
+            log.exception("could not journal the failure of %s", record.tool)
+
+
+# --- argument decoding -----------------------------------------------------------------
+
+_AT_PATH = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_EXPECTED = re.compile(r"^Expected (?P<what>.+?)(?:, got (?P<got>.+))?$")
+_PLAIN_WORDS = {"str of length >= 1": "a non-empty string", "array": "an array", "object": "an object"}
+
+
+def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -> C:
+    """Validate tool arguments into their command, or raise `InvalidArguments` naming the field."""
+    args = dict(arguments or {})
+    if "extra" in command_type.__struct_fields__:
+        known = set(command_type.__struct_fields__)
+        args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
+            "extra": {k: v for k, v in args.items() if k not in known or k == "extra"}
+        }
+    try:
+        return msgspec.convert(args, command_type)
+    except msgspec.ValidationError as error:
+        raise InvalidArguments(command_type.tool, _explain(command_type, str(error))) from None
+    except InvalidPath as error:  # raised by __post_init__ when not wrapped by msgspec
+        raise InvalidArguments(command_type.tool, str(error)) from None
+
+
+def _explain(command_type: type[Command], message: str) -> str:
+    """Turn msgspec's message into `field: expected ..., got ...`."""
+    match = _AT_PATH.match(message)
+    assert match is not None
+    text, path = match["msg"], (match["path"] or "").lstrip(".")
+    if missing := _MISSING.match(text):
+        return f"{_join(path, missing['field'])}: required field is missing"
+    if text.startswith("Invalid enum value"):
+        allowed = _literal_values(command_type, path.split(".")[0].split("[")[0])
+        got = text.removeprefix("Invalid enum value").strip()
+        return f"{path}: expected one of {', '.join(allowed)}, got {got}"
+    if expected := _EXPECTED.match(text):
+        what = expected["what"].replace("`", "")
+        got = f", got {expected['got'].replace('`', '')}" if expected["got"] else ""
+        if what == "str" and got and path in _literal_fields(command_type):
+            return f"{path}: expected one of {', '.join(_literal_values(command_type, path))}{got}"
+        return f"{path or 'arguments'}: expected {_PLAIN_WORDS.get(what, what)}{got}"
+    if ": expected" in text:  # our own __post_init__ messages already name the field
+        return text
+    return f"{path}: {text}" if path else text
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _literal_fields(command_type: type[Command]) -> set[str]:
+    hints = typing.get_type_hints(command_type)
+    return {name for name, hint in hints.items() if _literal_args(hint)}
+
+
+def _literal_values(command_type: type[Command], field_name: str) -> list[str]:
+    hint = typing.get_type_hints(command_type).get(field_name)
+    return [str(v) for v in _literal_args(hint)] if hint is not None else []
+
+
+def _literal_args(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    for arg in typing.get_args(hint):
+        if found := _literal_args(arg):
+            return found
+    return ()

@@ -1,0 +1,30 @@
+"""One handler per command type, registered in one table. Handlers do no I/O of their own:
+they reach Neovim, memory and the journal through the Protocols in `handlers.ports`."""
+
+from bus import (
+    CheckDocumentDirty,
+    CloseTab,
+    Command,
+    GetObservations,
+    GetOpenEditors,
+    Handler,
+    SaveDocument,
+    SaveObservation,
+    SearchObservations,
+    Timeline,
+)
+from handlers import editor, memory
+from handlers.ports import CloseOutcome, Editor, MemoryStore, OpenEditor, SaveOutcome
+
+HANDLERS: dict[type[Command], Handler] = {
+    GetOpenEditors: editor.get_open_editors,
+    CheckDocumentDirty: editor.check_document_dirty,
+    SaveDocument: editor.save_document,
+    CloseTab: editor.close_tab,
+    SaveObservation: memory.save,
+    SearchObservations: memory.search,
+    Timeline: memory.timeline,
+    GetObservations: memory.get_observations,
+}
+
+__all__ = ["HANDLERS", "CloseOutcome", "Editor", "MemoryStore", "OpenEditor", "SaveOutcome"]

