@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
         format="toolbus: %(levelname)s %(name)s: %(message)s",
     )
     try:
@@ -49,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from adapters import cli_journal
 
-    parser = argparse.ArgumentParser(prog="toolbus", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="toolbus",
+        description="MCP server for coding agents: Neovim editor tools and a memory, journaled.",
+    )
     parser.add_argument("--version", action="version", version=f"toolbus {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -86,7 +86,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = _check_identity(conn)
+        version = check_identity(conn)
         db = sqlite_utils.Database(conn)
         for step in MIGRATIONS[version:]:
             step(db)
@@ -98,7 +98,8 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise
 
 
-def _check_identity(conn: sqlite3.Connection) -> int:
+def check_identity(conn: sqlite3.Connection) -> int:
+    """The schema version of a toolbus journal (0 for an empty file); raises for anything else."""
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if application_id == APPLICATION_ID:

@@ -24,7 +24,7 @@ import msgspec
 from bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from bus.events import encode_event_data
 from journal.memory import apply_observation
-from journal.schema import migrate
+from journal.schema import check_identity, migrate
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "OFF"]
@@ -80,6 +80,7 @@ class SqliteJournal:
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            check_identity(conn)  # before WAL mode, which would change a stranger's file
             if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
                 raise JournalUnavailable(f"the journal at {self.path} cannot use WAL mode")
             conn.execute(f"PRAGMA synchronous = {synchronous}")
