@@ -74,7 +74,40 @@ def _memory_tables(db: sqlite_utils.Database) -> None:
     create_memory_tables(db)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables]
+# Views for reading the journal with any SQLite tool; documented in journal/SCHEMA.md.
+AUDIT_VIEWS = {
+    # One row per command and event (a command without events: one row, event columns NULL).
+    "audit_log": """
+SELECT c.id AS command_id, c.received_at, c.tool, c.status, c.duration_ms, c.error,
+       c.agent, c.department, c.session_id, c.client_name, c.arguments,
+       e.position, e.event_id, e.type AS event_type, e.stream, e.data AS event_data
+FROM commands AS c LEFT JOIN events AS e ON e.command_id = c.id""",
+    # Saves, refused saves, closes and restores, per file; `stream = 'file:' || path` is indexed.
+    "file_history": """
+SELECT e.position, e.recorded_at, substr(e.stream, 6) AS path, e.stream, e.type AS event_type,
+       c.tool, c.agent, c.session_id, e.command_id,
+       json_extract(e.data, '$.bytes_written') AS bytes_written,
+       json_extract(e.data, '$.disk_changed') AS disk_changed,
+       json_extract(e.data, '$.was_modified') AS was_modified,
+       json_extract(e.data, '$.reason') AS refused_because,
+       json_extract(e.data, '$.written_blob') AS written_blob,
+       coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
+           AS recoverable_blob,
+       b.size AS recoverable_bytes
+FROM events AS e
+LEFT JOIN commands AS c ON c.id = e.command_id
+LEFT JOIN blobs AS b
+       ON b.hash = coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
+WHERE e.stream >= 'file:' AND e.stream < 'file;'""",
+}
+
+
+def _audit_views(db: sqlite_utils.Database) -> None:
+    for name, sql in AUDIT_VIEWS.items():
+        db.create_view(name, sql.strip())
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables, _audit_views]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

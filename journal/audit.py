@@ -1,0 +1,387 @@
+"""Reading the journal for people and scripts: audit queries, a file's history, recoverable text.
+
+Every query is shaped so SQLite walks one index in the order asked and stops at the limit:
+commands by `received_at` (alone or behind tool, status, session or agent), a file's events
+by `(stream, position)`, and a batch of commands' events by `command_id`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import Any
+
+import msgspec
+
+from bus import decode_event
+
+STATUSES = ("ok", "rejected", "failed", "in_doubt")
+# Event data fields that name a blob, and what the blob's text is to a person.
+RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
+    "DocumentSaved": ("replaced_blob", "the text on disk that the save replaced"),
+    "TabClosed": ("discarded_blob", "the unsaved text that the close discarded"),
+    "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
+}
+_BATCH = 200
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+_POSITION = re.compile(r"^@?(\d+)$")
+_EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class NoSuchEvent(ValueError):
+    """The event asked for is not in the journal."""
+
+
+class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as the journal holds it, its data upcast to the current schema."""
+
+    position: int
+    event_id: str
+    command_id: int | None
+    type: str
+    version: int
+    stream: str
+    recorded_at: str
+    data: dict[str, Any]
+    blobs: dict[str, int]  # size in bytes of each blob the data names
+
+
+class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One command and its events: a line of `toolbus audit --json`."""
+
+    id: int
+    received_at: str
+    finished_at: str | None
+    duration_ms: float | None
+    tool: str
+    target: str | None
+    status: str
+    error: str | None
+    agent: str | None
+    department: str | None
+    client_name: str | None
+    client_version: str | None
+    session_id: str | None
+    pid: int | None
+    arguments: Any
+    events: list[StoredEvent]
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One event in a file's story, with the command that caused it."""
+
+    event: StoredEvent
+    tool: str | None
+    status: str | None
+    agent: str | None
+    session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """Filters of `toolbus audit`; None means "any". Times are journal timestamps (UTC ISO)."""
+
+    tool: str | None = None
+    paths: tuple[str, ...] = ()  # streams `file:<path>` of each spelling of one file
+    status: str | None = None
+    since: str | None = None
+    until: str | None = None
+    session: str | None = None
+    agent: str | None = None
+    limit: int | None = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Recoverable:
+    """Text a save replaced or a close discarded, and where it belongs."""
+
+    event: StoredEvent
+    path: str
+    blob: str
+    content: bytes
+    description: str
+
+
+# --- parsing what people type ----------------------------------------------------------
+
+
+def parse_time(option: str, text: str, now: datetime | None = None) -> str:
+    """An ISO time (UTC unless it says otherwise) or a relative one (`30m`, `2h`, `7d`) ago,
+    as a journal timestamp."""
+    now = now or datetime.now(UTC)
+    if match := _RELATIVE.match(text.strip()):
+        moment = now - timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    else:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ValueError(
+                f"{option}: expected an ISO time (2026-05-01, 2026-05-01T12:00:00Z) "
+                f"or a time ago (30m, 2h, 7d), got {text!r}"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_limit(text: str) -> int | None:
+    """`--limit N`: at most N rows; 0 means all."""
+    if not text.isdigit():
+        raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
+    return int(text) or None
+
+
+def parse_status(text: str) -> str:
+    if text not in STATUSES:
+        raise ValueError(f"--status: expected one of {', '.join(STATUSES)}, got {text!r}")
+    return text
+
+
+def file_streams(path: str) -> tuple[str, ...]:
+    """The streams a file's events may be under: toolbus records the resolved path, but a
+    file since deleted or moved may only be findable by the path as typed."""
+    typed = os.path.abspath(os.path.expanduser(path))
+    resolved = os.path.realpath(typed)
+    return tuple(dict.fromkeys((f"file:{resolved}", f"file:{typed}")))
+
+
+# --- audit -----------------------------------------------------------------------------
+
+
+def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
+    """Commands matching `query`, newest first, each with its events."""
+    sql, params = _command_sql(query)
+    cursor = conn.execute(sql, params)
+    cursor.row_factory = sqlite3.Row
+    seen: set[int] = set()
+    while rows := cursor.fetchmany(_BATCH):
+        fresh = [row for row in rows if row["id"] not in seen]
+        seen.update(row["id"] for row in fresh)
+        events = _events_of(conn, [row["id"] for row in fresh])
+        for row in fresh:
+            yield _entry(row, events.get(row["id"], []))
+
+
+def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (
+        ("tool", query.tool),
+        ("status", query.status),
+        ("session_id", query.session),
+        ("agent", query.agent),
+    ):
+        if value is not None:
+            where.append(f"c.{column} = ?")
+            params.append(value)
+    if query.since is not None:
+        where.append("c.received_at >= ?")
+        params.append(query.since)
+    if query.until is not None:
+        where.append("c.received_at < ?")
+        params.append(query.until)
+    if query.paths:
+        # Walk the file's events (index on stream, position), never the whole command table.
+        marks = ", ".join("?" * len(query.paths))
+        sql = (
+            "SELECT c.* FROM events AS e CROSS JOIN commands AS c ON c.id = e.command_id"
+            f" WHERE e.stream IN ({marks})"
+            + "".join(f" AND {w}" for w in where)
+            + " ORDER BY e.position DESC"
+        )
+        params = [*query.paths, *params]
+    else:
+        sql = (
+            "SELECT c.* FROM commands AS c"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY c.received_at DESC, c.id DESC"
+        )
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        params.append(query.limit)
+    return sql, params
+
+
+def _events_of(conn: sqlite3.Connection, command_ids: Sequence[int]) -> dict[int, list[StoredEvent]]:
+    if not command_ids:
+        return {}
+    marks = ", ".join("?" * len(command_ids))
+    cursor = conn.execute(
+        f"SELECT * FROM events WHERE command_id IN ({marks}) ORDER BY position", list(command_ids)
+    )
+    cursor.row_factory = sqlite3.Row
+    stored = stored_events(conn, cursor.fetchall())
+    grouped: dict[int, list[StoredEvent]] = {}
+    for event in stored:
+        if event.command_id is not None:
+            grouped.setdefault(event.command_id, []).append(event)
+    return grouped
+
+
+def _entry(row: sqlite3.Row, events: list[StoredEvent]) -> AuditEntry:
+    arguments = _json_or_text(row["arguments"])
+    return AuditEntry(
+        id=row["id"],
+        received_at=row["received_at"],
+        finished_at=row["finished_at"],
+        duration_ms=row["duration_ms"],
+        tool=row["tool"],
+        target=target_of(arguments, events),
+        status=row["status"],
+        error=row["error"],
+        agent=row["agent"],
+        department=row["department"],
+        client_name=row["client_name"],
+        client_version=row["client_version"],
+        session_id=row["session_id"],
+        pid=row["pid"],
+        arguments=arguments,
+        events=events,
+    )
+
+
+def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:
+    """What a command was about, for a person: the file, tab, title or query."""
+    for event in events:
+        if path := event.data.get("path"):
+            return str(path)
+    if not isinstance(arguments, dict):
+        return None
+    for key in ("filePath", "tab_name", "path", "title", "query", "anchor", "ids", "event"):
+        if arguments.get(key) not in (None, ""):
+            value = arguments[key]
+            return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    return None
+
+
+# --- a file's history --------------------------------------------------------------------
+
+
+def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> list[HistoryEntry]:
+    """Every event about one file (saves, refused saves, closes, restores), newest first."""
+    streams = file_streams(path)
+    marks = ", ".join("?" * len(streams))
+    sql = (
+        "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session"
+        f" FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id WHERE e.stream IN ({marks})"
+        " ORDER BY e.position DESC" + (" LIMIT ?" if limit else "")
+    )
+    cursor = conn.execute(sql, [*streams, limit] if limit else list(streams))
+    cursor.row_factory = sqlite3.Row
+    rows = cursor.fetchall()
+    return [
+        HistoryEntry(
+            event=event,
+            tool=row["c_tool"],
+            status=row["c_status"],
+            agent=row["c_agent"],
+            session_id=row["c_session"],
+        )
+        for row, event in zip(rows, stored_events(conn, rows), strict=True)
+    ]
+
+
+# --- single events and their text --------------------------------------------------------
+
+
+def find_event(conn: sqlite3.Connection, reference: str) -> StoredEvent:
+    """An event by position (`12` or `@12`) or by event id (32 hex digits)."""
+    reference = reference.strip()
+    if match := _POSITION.match(reference):
+        rows = conn.execute("SELECT * FROM events WHERE position = ?", (int(match[1]),))
+    elif _EVENT_ID.match(reference.lower()):
+        rows = conn.execute("SELECT * FROM events WHERE event_id = ?", (reference.lower(),))
+    else:
+        raise ValueError(
+            f"EVENT: expected an event position (e.g. 12) or an event id (32 hex digits), got {reference!r}"
+        )
+    rows.row_factory = sqlite3.Row
+    found = rows.fetchall()
+    if not found:
+        raise NoSuchEvent(f"no event {reference} in the journal")
+    return stored_events(conn, found)[0]
+
+
+def recoverable(conn: sqlite3.Connection, event: StoredEvent) -> Recoverable:
+    """The text an event's save replaced, or its close discarded; ValueError when it has none."""
+    field = RECOVERABLE_FIELDS.get(event.type)
+    where = f"event @{event.position} ({event.type})"
+    if field is None:
+        raise ValueError(f"{where} holds no recoverable text: only saves, closes and restores do")
+    name, description = field
+    digest = event.data.get(name)
+    if digest is None:
+        reason = (
+            "the file did not exist before" if event.type != "TabClosed" else "the buffer had no unsaved text"
+        )
+        raise ValueError(f"{where} has nothing to recover: {reason}")
+    content = blob(conn, digest)
+    return Recoverable(
+        event=event, path=str(event.data["path"]), blob=digest, content=content, description=description
+    )
+
+
+def blob(conn: sqlite3.Connection, digest: str) -> bytes:
+    row = conn.execute("SELECT content FROM blobs WHERE hash = ?", (digest,)).fetchone()
+    if row is None:
+        raise ValueError(f"the journal has lost blob {digest}: it cannot be recovered")
+    return bytes(row[0])
+
+
+# --- decoding ----------------------------------------------------------------------------
+
+
+def stored_events(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[StoredEvent]:
+    """Rows of `events` as StoredEvents, with the sizes of the blobs they name (one query)."""
+    datas = [_event_data(row["type"], row["version"], row["data"]) for row in rows]
+    sizes = _blob_sizes(conn, {v for data in datas for k, v in data.items() if k.endswith("_blob") and v})
+    return [
+        StoredEvent(
+            position=row["position"],
+            event_id=row["event_id"],
+            command_id=row["command_id"],
+            type=row["type"],
+            version=row["version"],
+            stream=row["stream"],
+            recorded_at=row["recorded_at"],
+            data=data,
+            blobs={v: sizes[v] for k, v in data.items() if k.endswith("_blob") and v in sizes},
+        )
+        for row, data in zip(rows, datas, strict=True)
+    ]
+
+
+def _event_data(type_name: str, version: int, data: str) -> dict[str, Any]:
+    """The data upcast to the current schema; the stored JSON as it is for a type this
+    toolbus does not know."""
+    try:
+        decoded: dict[str, Any] = msgspec.to_builtins(decode_event(type_name, version, data))
+    except (ValueError, KeyError, msgspec.ValidationError):
+        raw = _json_or_text(data)
+        return raw if isinstance(raw, dict) else {"raw": raw}
+    return decoded
+
+
+def _blob_sizes(conn: sqlite3.Connection, digests: set[str]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    remaining = iter(sorted(digests))
+    while chunk := list(islice(remaining, 500)):
+        marks = ", ".join("?" * len(chunk))
+        for digest, size in conn.execute(f"SELECT hash, size FROM blobs WHERE hash IN ({marks})", chunk):
+            sizes[digest] = size
+    return sizes
+
+
+def _json_or_text(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text

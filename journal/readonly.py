@@ -1,0 +1,109 @@
+"""Opening a journal for reading without creating, migrating or touching anything else.
+
+A read-only command is often pointed at the wrong file. Before SQLite opens it (which could
+create the file, or `-wal`/`-shm` files beside a stranger's database), the file's 100-byte
+SQLite header is read directly and must carry toolbus's application id.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from bus import JournalNotFound, JournalUnavailable
+from journal.schema import APPLICATION_ID, check_identity
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEADER_SIZE = 100
+
+
+def require_journal(path: Path) -> None:
+    """Raise unless `path` is an existing toolbus journal; reads the file's header only."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(_HEADER_SIZE)
+    except FileNotFoundError:
+        raise JournalNotFound(f"no journal at {path}: check --journal or $TOOLBUS_JOURNAL") from None
+    except IsADirectoryError:
+        raise JournalUnavailable(f"not a toolbus journal: {path} is a directory") from None
+    except OSError as error:
+        raise JournalUnavailable(f"cannot read the journal at {path}: {error.strerror}") from None
+    if len(header) < _HEADER_SIZE or not header.startswith(_SQLITE_MAGIC):
+        what = "an empty file" if not header else "not a SQLite database"
+        raise JournalUnavailable(f"not a toolbus journal: {path} is {what}")
+    application_id = int.from_bytes(header[68:72], "big")
+    if application_id == APPLICATION_ID:
+        return
+    # A journal whose first commits still sit in its write-ahead log has a stale header:
+    # only then is SQLite asked (read-only; the -wal file already exists).
+    if application_id == 0 and _has_wal(path):
+        _check_with_sqlite(path)
+        return
+    raise JournalUnavailable(f"not a toolbus journal: {path} is a SQLite database of something else")
+
+
+def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
+    """A connection to a toolbus journal that cannot write (`query_only`).
+
+    A WAL database needs its `-shm` index even to read. A normal connection creates it and
+    removes it again when it is the last to close; `mode=ro` would leave it behind. So the
+    journal is opened normally with writes switched off, and `mode=ro` is the fallback for a
+    journal in a directory we may not write to.
+    """
+    require_journal(path)
+    try:
+        conn = _connect(path, busy_timeout, uri_mode=None)
+    except sqlite3.OperationalError:
+        conn = _connect(path, busy_timeout, uri_mode="ro")
+    try:
+        if check_identity(conn) == 0:
+            raise JournalUnavailable(f"not a toolbus journal: {path} holds no journal tables")
+    except sqlite3.DatabaseError as error:
+        conn.close()
+        raise JournalUnavailable(f"cannot read the journal at {path}: {error}") from error
+    except JournalUnavailable:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect(path: Path, busy_timeout: float, uri_mode: str | None) -> sqlite3.Connection:
+    target = f"file:{_quote(path)}" + (f"?mode={uri_mode}" if uri_mode else "?mode=rw")
+    conn = sqlite3.connect(
+        target, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file now
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_with_sqlite(path: Path) -> None:
+    try:
+        conn = sqlite3.connect(f"file:{_quote(path)}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.DatabaseError as error:
+        raise JournalUnavailable(f"cannot read the journal at {path}: {error}") from error
+    try:
+        if check_identity(conn) == 0:
+            raise JournalUnavailable(f"not a toolbus journal: {path} holds no journal tables")
+    except sqlite3.DatabaseError as error:
+        raise JournalUnavailable(f"cannot read the journal at {path}: {error}") from error
+    finally:
+        conn.close()
+
+
+def _has_wal(path: Path) -> bool:
+    try:
+        return os.path.getsize(f"{path}-wal") > 0
+    except OSError:
+        return False
+
+
+def _quote(path: Path) -> str:
+    # URI filenames: `?` and `#` would end the path; `%` starts an escape.
+    return str(path).replace("%", "%25").replace("?", "%3f").replace("#", "%23")
