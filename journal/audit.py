@@ -137,6 +137,13 @@ def parse_limit(text: str) -> int | None:
     return int(text) or None
 
 
+def parse_position(option: str, text: str) -> int:
+    """An event position as typed: `12` or `@12`."""
+    if not (match := _POSITION.match(text.strip())):
+        raise ValueError(f"{option}: expected an event position (e.g. 12), got {text!r}")
+    return int(match[1])
+
+
 def parse_status(text: str) -> str:
     if text not in STATUSES:
         raise ValueError(f"--status: expected one of {', '.join(STATUSES)}, got {text!r}")

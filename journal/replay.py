@@ -1,0 +1,201 @@
+"""Replaying the journal: rebuild the memory store, or list the editor steps to re-apply.
+
+The memory store is a projection of `ObservationSaved` events. Rebuilding it runs the same
+projection (`journal.memory.apply_observation`) over every such event, in journal order,
+after `reset_memory_tables` has emptied it — in one transaction, so a reader never sees a
+half-built store.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bus import ObservationSaved, decode_event
+from journal.audit import blob
+
+_OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved' ORDER BY position"
+_EDITOR_TYPES = ("DocumentSaved", "FileRestored", "TabClosed")
+# FTS5 and FTS4 keep their index in shadow tables named after the virtual table.
+_SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config", "_segments", "_segdir", "_stat")
+_MAX_REPORTED = 20  # differences listed per table; the count covers all
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+def rebuild_memory(conn: sqlite3.Connection) -> int:
+    """Empty the memory store and re-project every saved observation, in one transaction.
+    Returns the number of observations."""
+    from journal.store import SqliteJournal
+
+    with SqliteJournal.transaction(conn):
+        return project_observations(conn, conn)
+
+
+def project_observations(source: sqlite3.Connection, target: sqlite3.Connection) -> int:
+    """Reset `target`'s memory tables and apply `source`'s ObservationSaved events to them.
+    Runs in the caller's transaction on `target`."""
+    from journal.memory import apply_observation, reset_memory_tables
+
+    reset_memory_tables(target)
+    count = 0
+    for position, version, data in source.execute(_OBSERVATIONS):
+        event = decode_event("ObservationSaved", version, data)
+        assert isinstance(event, ObservationSaved)
+        apply_observation(target, position, event)
+        count += 1
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCheck:
+    observations: int
+    differences: list[str] = field(default_factory=list)
+
+
+def check_memory(live: sqlite3.Connection) -> MemoryCheck:
+    """Rebuild the store into a scratch database and compare it with the live one, table by
+    table and row by row. Reads the live journal only."""
+    with tempfile.TemporaryDirectory(prefix="toolbus-check-") as folder:
+        scratch = sqlite3.connect(Path(folder) / "memory.db", isolation_level=None)
+        try:
+            scratch.execute("BEGIN")
+            count = project_observations(live, scratch)
+            scratch.execute("COMMIT")
+            differences = [
+                line for name in _compared_tables(scratch) for line in _compare(name, scratch, live)
+            ]
+        finally:
+            scratch.close()
+    return MemoryCheck(observations=count, differences=differences)
+
+
+def _compared_tables(scratch: sqlite3.Connection) -> list[str]:
+    rows = scratch.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    ).fetchall()
+    virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
+    return [
+        name
+        for name, _ in rows
+        if not any(name.startswith(v + "_") and name.endswith(_SHADOW_SUFFIXES) for v in virtual)
+    ]
+
+
+def _compare(table: str, scratch: sqlite3.Connection, live: sqlite3.Connection) -> list[str]:
+    columns = [row[1] for row in scratch.execute(f'PRAGMA table_xinfo("{table}")') if row[1]]
+    select = f'SELECT rowid, {", ".join(_quoted(c) for c in columns)} FROM "{table}"'
+    try:
+        live_rows = {row[0]: row[1:] for row in live.execute(select)}
+    except sqlite3.OperationalError as error:
+        return [f"{table}: cannot be read from the live store ({error})"]
+    rebuilt = {row[0]: row[1:] for row in scratch.execute(select)}
+    problems = [
+        *(f"{table}: row {key} is missing from the live store" for key in rebuilt.keys() - live_rows.keys()),
+        *(
+            f"{table}: row {key} is in the live store but in no journal event"
+            for key in live_rows.keys() - rebuilt.keys()
+        ),
+        *(
+            f"{table}: row {key} differs in {_changed(columns, rebuilt[key], live_rows[key])}"
+            for key in sorted(rebuilt.keys() & live_rows.keys())
+            if rebuilt[key] != live_rows[key]
+        ),
+    ]
+    if len(problems) > _MAX_REPORTED:
+        problems = [*problems[:_MAX_REPORTED], f"{table}: ... and {len(problems) - _MAX_REPORTED} more"]
+    return problems
+
+
+def _changed(columns: Sequence[str], expected: Sequence[Any], actual: Sequence[Any]) -> str:
+    return ", ".join(
+        f"{name} ({_short(want)} from the journal, {_short(got)} in the store)"
+        for name, want, got in zip(columns, expected, actual, strict=True)
+        if want != got
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --- editor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EditorStep:
+    """One recorded change to re-apply: write a file's recorded text, or close its buffer."""
+
+    position: int
+    action: Literal["write", "close"]
+    path: str
+    recorded_path: str
+    source: str  # the event type it comes from
+    content: bytes | None = None
+
+    def describe(self) -> str:
+        moved = f" (recorded as {self.recorded_path})" if self.path != self.recorded_path else ""
+        if self.action == "close":
+            return f"@{self.position} close {self.path}{moved}"
+        verb = "restore" if self.source == "FileRestored" else "save"
+        return f"@{self.position} {verb} {self.path}{moved}: write {len(self.content or b'')} bytes"
+
+
+PathMap = list[tuple[str, str]]
+
+
+def parse_path_map(pairs: Sequence[str]) -> PathMap:
+    """`--map FROM=TO` pairs as absolute directory prefixes, longest first."""
+    mapping: PathMap = []
+    for pair in pairs:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise ValueError(f"--map: expected FROM=TO (two directories), got {pair!r}")
+        mapping.append((os.path.abspath(os.path.expanduser(old)), os.path.abspath(os.path.expanduser(new))))
+    return sorted(mapping, key=lambda item: len(item[0]), reverse=True)
+
+
+def map_path(path: str, mapping: PathMap) -> str:
+    for old, new in mapping:
+        if path == old or path.startswith(old.rstrip("/") + "/"):
+            return new + path[len(old) :]
+    return path
+
+
+def editor_steps(
+    conn: sqlite3.Connection, start: int | None = None, end: int | None = None, mapping: PathMap | None = None
+) -> Iterator[EditorStep]:
+    """Saves, restores and closes between positions `start` and `end` (inclusive), in order."""
+    marks = ", ".join("?" * len(_EDITOR_TYPES))
+    cursor = conn.execute(
+        f"SELECT position, type, version, data FROM events WHERE type IN ({marks})"
+        " AND position BETWEEN ? AND ? ORDER BY position",
+        (*_EDITOR_TYPES, start or 0, end if end is not None else 2**63 - 1),
+    )
+    for position, type_name, version, data in cursor.fetchall():
+        event: Any = decode_event(type_name, version, data)
+        path = map_path(event.path, mapping or [])
+        if type_name == "TabClosed":
+            yield EditorStep(
+                position=position, action="close", path=path, recorded_path=event.path, source=type_name
+            )
+        else:
+            yield EditorStep(
+                position=position,
+                action="write",
+                path=path,
+                recorded_path=event.path,
+                source=type_name,
+                content=blob(conn, event.written_blob),
+            )

@@ -1,0 +1,200 @@
+"""`toolbus audit`: filters and both output formats, on a journal made by real tool calls."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.journal_helpers import EditorSession, cli, record_editor_session
+
+JSON_FIELDS = {
+    "id",
+    "received_at",
+    "finished_at",
+    "duration_ms",
+    "tool",
+    "target",
+    "status",
+    "error",
+    "agent",
+    "department",
+    "client_name",
+    "client_version",
+    "session_id",
+    "pid",
+    "arguments",
+    "events",
+}
+EVENT_FIELDS = {
+    "position",
+    "event_id",
+    "command_id",
+    "type",
+    "version",
+    "stream",
+    "recorded_at",
+    "data",
+    "blobs",
+}
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EditorSession]:
+    recorded = record_editor_session(tmp_path_factory.mktemp("audit"))
+    recorded.nvim.kill()
+    yield recorded
+
+
+def audit(session: EditorSession, *args: str) -> list[dict]:
+    run = cli("audit", "--journal", session.journal, "--json", *args)
+    assert run.code == 0, run.err
+    return run.json_lines()
+
+
+def test_json_lines_hold_every_command_newest_first_with_its_events(session: EditorSession) -> None:
+    lines = audit(session)
+    commands = session.reader.commands()
+    assert sorted(line["id"] for line in lines) == [row["id"] for row in commands]
+    received = [line["received_at"] for line in lines]
+    assert received == sorted(received, reverse=True)
+    for line in lines:
+        assert set(line) == JSON_FIELDS
+        for event in line["events"]:
+            assert set(event) == EVENT_FIELDS
+    events = [event for line in lines for event in line["events"]]
+    assert sorted(event["position"] for event in events) == [
+        row["position"] for row in session.reader.events()
+    ]
+
+
+def test_json_line_of_a_save_names_its_file_blobs_and_sizes(session: EditorSession) -> None:
+    [first_save] = [
+        line for line in audit(session, "--tool", "saveDocument") if line["events"] and line["id"] == 1
+    ]
+    [event] = first_save["events"]
+    a = os.path.realpath(session.files["a.txt"])
+    assert first_save["target"] == a
+    assert first_save["arguments"] == {"filePath": str(session.files["a.txt"])}
+    assert event["type"] == "DocumentSaved" and event["stream"] == f"file:{a}"
+    assert event["data"]["bytes_written"] == len("alpha 2\n")
+    assert event["blobs"] == {
+        event["data"]["written_blob"]: len("alpha 2\n"),
+        event["data"]["replaced_blob"]: len("alpha 1\n"),
+    }
+
+
+def test_filter_by_tool(session: EditorSession) -> None:
+    lines = audit(session, "--tool", "close_tab")
+    assert [line["tool"] for line in lines] == ["close_tab"]
+    assert lines[0]["events"][0]["data"]["was_modified"] is True
+
+
+def test_filter_by_path_gives_the_files_saves_and_closes(session: EditorSession) -> None:
+    a_lines = audit(session, "--path", str(session.files["a.txt"]))
+    assert [line["events"][0]["type"] for line in a_lines] == ["DocumentSaved", "DocumentSaved"]
+    assert [line["agent"] for line in a_lines] == ["reviewer", "writer"]
+    b_lines = audit(session, "--path", str(session.files["b.txt"]))
+    assert [line["tool"] for line in b_lines] == ["close_tab"]
+    c_lines = audit(session, "--path", str(session.files["c.txt"]))
+    assert [line["events"][0]["type"] for line in c_lines] == ["DocumentSaved", "DocumentSaveRefused"]
+
+
+def test_filter_by_path_accepts_a_relative_path_and_combines_with_others(session: EditorSession) -> None:
+    work = session.files["a.txt"].parent
+    run = cli(
+        "audit", "--journal", session.journal, "--json", "--path", "a.txt", "--agent", "writer", cwd=work
+    )
+    assert run.code == 0, run.err
+    assert [(line["agent"], line["tool"]) for line in run.json_lines()] == [("writer", "saveDocument")]
+
+
+@pytest.mark.parametrize(
+    ("status", "tools"), [("rejected", ["saveDocument"]), ("failed", ["getOpenEditors"])]
+)
+def test_filter_by_status(session: EditorSession, status: str, tools: list[str]) -> None:
+    lines = audit(session, "--status", status)
+    assert [line["tool"] for line in lines] == tools
+    assert all(line["status"] == status and line["error"] for line in lines)
+
+
+def test_filter_by_status_ok_excludes_the_others(session: EditorSession) -> None:
+    lines = audit(session, "--status", "ok")
+    assert lines and all(line["status"] == "ok" for line in lines)
+    assert len(lines) == len(session.reader.rows("SELECT id FROM commands WHERE status = 'ok'"))
+
+
+def test_filter_by_session_and_agent(session: EditorSession) -> None:
+    sessions = [row["session_id"] for row in session.reader.rows("SELECT DISTINCT session_id FROM commands")]
+    assert len(sessions) == 3  # one per toolbus process
+    for session_id in sessions:
+        expected = session.reader.rows("SELECT id FROM commands WHERE session_id = ?", session_id)
+        assert sorted(line["id"] for line in audit(session, "--session", session_id)) == sorted(
+            row["id"] for row in expected
+        )
+    reviewer = audit(session, "--agent", "reviewer")
+    assert [line["tool"] for line in reviewer] == ["saveDocument", "saveDocument"]
+    assert all(line["agent"] == "reviewer" for line in reviewer)
+
+
+def test_filter_by_time_absolute_and_relative(session: EditorSession) -> None:
+    rows = session.reader.commands()
+    middle = sorted(row["received_at"] for row in rows)[len(rows) // 2]
+    since = audit(session, "--since", middle)
+    until = audit(session, "--until", middle)
+    assert {line["id"] for line in since} | {line["id"] for line in until} == {row["id"] for row in rows}
+    assert not {line["id"] for line in since} & {line["id"] for line in until}
+    assert all(line["received_at"] >= middle for line in since)
+    assert len(audit(session, "--since", "1h")) == len(rows)
+    assert audit(session, "--until", "1h") == []
+    assert audit(session, "--since", "2d", "--until", "1d") == []
+
+
+def test_filter_by_time_with_a_zone_offset(session: EditorSession) -> None:
+    rows = session.reader.commands()
+    newest = max(row["received_at"] for row in rows)
+    moment = datetime.fromisoformat(newest.replace("Z", "+00:00")).astimezone()  # local zone, with offset
+    later = (moment + timedelta(microseconds=1)).isoformat()
+    assert [line["received_at"] for line in audit(session, "--since", moment.isoformat())] == [newest]
+    assert audit(session, "--since", later) == []
+
+
+def test_limit(session: EditorSession) -> None:
+    newest = audit(session)
+    assert audit(session, "--limit", "2") == newest[:2]
+    assert len(audit(session, "--limit", "0")) == len(newest)
+
+
+def test_table_for_people(session: EditorSession) -> None:
+    run = cli("audit", "--journal", session.journal)
+    assert run.code == 0, run.err
+    header, *rows = run.out.splitlines()
+    assert header.split() == ["TIME", "(UTC)", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT", "HAPPENED"]
+    assert len(rows) == len(session.reader.commands())
+    a = os.path.realpath(session.files["a.txt"])
+    close = next(row for row in rows if "close_tab" in row)
+    assert "ok" in close.split() and "discarded 14 B unsaved" in close
+    first_save = rows[-1]
+    assert a in first_save and "saved 8 B, replaced 8 B" in first_save and " ms" in first_save
+    rejected = next(row for row in rows if "rejected" in row)
+    assert 'filePath: expected an absolute path, got "relative/a.txt"' in rejected
+    # aligned: every row's STATUS column starts where the header's does
+    column = header.index("STATUS")
+    assert all(row[column:].split()[0] in ("ok", "rejected", "failed", "in_doubt") for row in rows)
+
+
+def test_table_says_when_nothing_matches(session: EditorSession) -> None:
+    run = cli("audit", "--journal", session.journal, "--tool", "no-such-tool")
+    assert (run.code, run.out) == (0, "")
+    assert "no commands match" in run.err
+
+
+def test_audit_leaves_the_journal_as_it_was(session: EditorSession, tmp_path: Path) -> None:
+    before = session.journal.stat()
+    assert cli("audit", "--journal", session.journal).code == 0
+    after = session.journal.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert sorted(p.name for p in session.journal.parent.iterdir()) == ["journal.db"]
