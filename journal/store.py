@@ -7,16 +7,18 @@ because every append happens inside an immediate (exclusive-writer) transaction.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import os
+import queue
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import anyio
 import msgspec
@@ -48,7 +50,14 @@ def default_journal_path() -> Path:
 
 def iso_time(ns: int) -> str:
     """UTC ISO 8601 with microseconds and a `Z`: readable, and sorts correctly as text."""
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    seconds, nanoseconds = divmod(ns, 1_000_000_000)
+    return f"{_iso_seconds(seconds)}.{nanoseconds // 1000:06d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _iso_seconds(seconds: int) -> str:
+    # Calls within one second share this part: formatting it is most of iso_time's cost.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 class SqliteJournal:
@@ -65,8 +74,8 @@ class SqliteJournal:
         self.path = path
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
-        self._limiter = anyio.CapacityLimiter(1)
         self._conn = self._open(create, synchronous)
+        self._worker: _Worker | None = None
 
     # --- opening ----------------------------------------------------------------------
 
@@ -101,6 +110,8 @@ class SqliteJournal:
             ) from error
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
         with self._lock:
             self._conn.close()
 
@@ -115,8 +126,16 @@ class SqliteJournal:
                 raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """`run_sync` in a worker thread: SQLite never blocks the event loop."""
-        return await anyio.to_thread.run_sync(self.run_sync, work, limiter=self._limiter)
+        """`run_sync` on the journal's own thread: SQLite never blocks the event loop.
+
+        Shielded: once handed over, the work completes and its outcome is awaited even if the
+        caller is cancelled, so a commit is never left unobserved.
+        """
+        if self._worker is None:
+            self._worker = _Worker()
+        future = self._worker.submit(self.run_sync, work)
+        with anyio.CancelScope(shield=True):
+            return await future
 
     @staticmethod
     @contextmanager
@@ -164,48 +183,135 @@ class SqliteJournal:
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """One transaction: the command's final row, its blobs, its events and their projections."""
+        with self.transaction(conn):
+            return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
+
+    def record_many_sync(self, conn: sqlite3.Connection, outcomes: Sequence[Outcome]) -> list[list[int]]:
+        """Several finished commands in one transaction (imports, benchmarks): one fsync for all.
+        Returns each command's event positions."""
         finished_ns = time.time_ns()
         with self.transaction(conn):
-            if command_id is None:
-                command_id = _insert_command(conn, record, status, error, finished_ns)
-            else:
-                conn.execute(
-                    "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ?"
-                    " WHERE id = ?",
-                    (
-                        status,
-                        error,
-                        iso_time(finished_ns),
-                        (finished_ns - record.received_ns) / 1e6,
-                        command_id,
-                    ),
-                )
-            if blobs:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO blobs (hash, size, content) VALUES (?, ?, ?)",
-                    [(digest, len(content), content) for digest, content in blobs.items()],
-                )
-            return [self._append(conn, command_id, event, finished_ns) for event in events]
+            return [_record(conn, outcome, None, finished_ns) for outcome in outcomes]
 
-    def _append(self, conn: sqlite3.Connection, command_id: int | None, event: Event, ns: int) -> int:
-        cursor = conn.execute(
-            "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+
+class Outcome(NamedTuple):
+    """A command with its final status and what it emitted, ready to be recorded."""
+
+    record: CommandRecord
+    status: Status
+    error: str | None = None
+    events: Sequence[Event] = ()
+    blobs: Mapping[str, bytes] | None = None
+
+
+def _record(
+    conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int
+) -> list[int]:
+    """The command's final row, its blobs, its events and their projections (inside a transaction)."""
+    record = outcome.record
+    if command_id is None:
+        command_id = _insert_command(conn, record, outcome.status, outcome.error, finished_ns)
+    else:
+        conn.execute(
+            "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
             (
-                uuid.uuid4().hex,
+                outcome.status,
+                outcome.error,
+                iso_time(finished_ns),
+                (finished_ns - record.received_ns) / 1e6,
                 command_id,
-                event.__struct_config__.tag,
-                type(event).version,
-                event.stream,
-                iso_time(ns),
-                encode_event_data(event).decode(),
             ),
         )
-        position = cursor.lastrowid
-        assert position is not None
-        if projection := PROJECTIONS.get(type(event)):
-            projection(conn, position, event)
-        return position
+    if outcome.blobs:
+        conn.executemany(
+            "INSERT OR IGNORE INTO blobs (hash, size, content) VALUES (?, ?, ?)",
+            [(digest, len(content), content) for digest, content in outcome.blobs.items()],
+        )
+    if not outcome.events:
+        return []
+    recorded_at = iso_time(finished_ns)
+    return [_append(conn, command_id, event, recorded_at) for event in outcome.events]
+
+
+def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at: str) -> int:
+    position: int | None = conn.execute(
+        "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            event_id(),
+            command_id,
+            event.__struct_config__.tag,
+            type(event).version,
+            event.stream,
+            recorded_at,
+            encode_event_data(event).decode(),
+        ),
+    ).lastrowid
+    assert position is not None
+    if projection := PROJECTIONS.get(type(event)):
+        projection(conn, position, event)
+    return position
+
+
+class _Worker:
+    """One long-lived thread that runs journal work handed over from event loops.
+
+    Cheaper than a thread-pool hop per transaction (no limiter, no context copy, no pool
+    bookkeeping): a queue put to get there, one `call_soon_threadsafe` to come back.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="toolbus-journal", daemon=True).start()
+
+    def submit(
+        self, run: Callable[[Callable[[sqlite3.Connection], T]], T], work: Callable[[sqlite3.Connection], T]
+    ) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((lambda: run(work), future, loop))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            call, future, loop = job
+            try:
+                result = call()
+            except BaseException as error:  # delivered to the awaiting caller
+                _deliver(loop, future, None, error)
+            else:
+                _deliver(loop, future, result, None)
+
+
+_Job = tuple[Callable[[], object], "asyncio.Future[object]", asyncio.AbstractEventLoop]
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def event_id() -> str:
+    """A UUIDv7 (RFC 9562) as 32 hex digits. Time-ordered, unlike a random UUIDv4, so inserts
+    into the unique `event_id` index land on its last pages instead of anywhere in it."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
+    return f"{value:032x}"
 
 
 def _insert_command(
