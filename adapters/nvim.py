@@ -268,7 +268,8 @@ class NvimEditor:
             raise EditorTimeout(
                 f"Neovim at {connection.address} did not answer within {self.timeout:g} s "
                 "(a prompt or a long command was blocking it; toolbus interrupted it). "
-                "Try again; raise --nvim-timeout if Neovim is just slow"
+                "The request may still run once Neovim is free; check, then try again, "
+                "or raise --nvim-timeout if Neovim is just slow"
             ) from None
         except _CONNECTION_ERRORS as error:
             connection.abandon()
@@ -278,25 +279,33 @@ class NvimEditor:
             ) from None
 
     async def _unblock(self, address: str) -> None:
-        """From a second connection: dismiss a prompt, or interrupt a long-running command."""
-
-        def interrupt(nvim: pynvim.Nvim) -> None:
-            if nvim.request("nvim_get_mode").get("blocking"):
-                nvim.input("<Esc>")
-            nvim.input("<C-c>")
-
-        helper = _Connection(address)
-        try:
-            with anyio.fail_after(min(self.timeout, 2.0)):
-                await helper.submit(interrupt)
-        except Exception:
-            log.warning("could not interrupt Neovim at %s", address, exc_info=True)
-        finally:
-            helper.abandon()
+        """From fresh connections: dismiss a prompt, or interrupt a long-running command."""
+        mode = await _ask(address, lambda nvim: nvim.request("nvim_get_mode"), timeout=0.5)
+        name = str(mode.get("mode", "")) if isinstance(mode, dict) else ""
+        if mode is None or name.startswith("n"):
+            keys = "<C-c>"  # busy (too busy even to tell its mode): interrupt it
+        elif mode.get("blocking") or name.startswith(("r", "c")):
+            keys = "<Esc>"  # a prompt, input() or a cmdline wait: cancel it
+        else:
+            return
+        if await _ask(address, lambda nvim: nvim.input(keys), timeout=1.0) is None:
+            log.warning("could not interrupt Neovim at %s", address)
 
     def disconnect(self) -> None:
         if self._connection is not None:
             self._connection.abandon()
+
+
+async def _ask(address: str, call: NvimCall[T], timeout: float) -> T | None:
+    """One request on a short-lived connection of its own; None if it fails or takes too long."""
+    connection = _Connection(address)
+    try:
+        with anyio.fail_after(timeout):
+            return await connection.submit(call)
+    except Exception:
+        return None
+    finally:
+        connection.abandon()
 
 
 def _to_bytes(result: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

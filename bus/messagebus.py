@@ -19,7 +19,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import msgspec
 
 from bus.commands import Command, InvalidPath
-from bus.errors import Fault, InvalidArguments, ToolbusError
+from bus.errors import EditorTimeout, Fault, InvalidArguments, ToolbusError
 from bus.events import Event
 
 log = logging.getLogger("toolbus.bus")
@@ -134,7 +134,11 @@ class Bus:
             reply = await handler(command, context)
         except ToolbusError as error:
             if not context.committed:
-                await self._finish_failed(record, command_id, str(error))
+                # A timed-out change may still be carried out once Neovim is free: in doubt.
+                doubtful = command.mutates and isinstance(error, EditorTimeout)
+                await self._finish_failed(
+                    record, command_id, str(error), "in_doubt" if doubtful else "failed"
+                )
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
@@ -146,10 +150,12 @@ class Bus:
             await commit((), {})
         return reply
 
-    async def _finish_failed(self, record: CommandRecord, command_id: int | None, message: str) -> None:
+    async def _finish_failed(
+        self, record: CommandRecord, command_id: int | None, message: str, status: Status = "failed"
+    ) -> None:
         # If even this cannot be written, the write-ahead row stays `in_doubt`: the truth.
         try:
-            await self._journal.finish(record, command_id, "failed", error=message)
+            await self._journal.finish(record, command_id, status, error=message)
         except ToolbusError:
             log.exception("could not journal the failure of %s", record.tool)
 

@@ -1,0 +1,53 @@
+"""`toolbus doctor`: what toolbus would use, whether it works, and what to do when it does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import NeovimProcess
+
+
+def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")}
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "doctor", *args],
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_doctor_reports_a_working_setup(nvim: NeovimProcess, journal_path: Path) -> None:
+    result = doctor("--journal", str(journal_path), env={"NVIM": nvim.address})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"✓ neovim: {nvim.address} (from $NVIM) answers: NVIM v" in result.stdout
+    assert f"✓ journal: {journal_path} (will be created on first use)" in result.stdout
+    assert "versions: toolbus" in result.stdout and "mcp 2." in result.stdout
+    assert not journal_path.exists()  # looking is not creating
+
+
+def test_doctor_prefers_the_flag_over_the_environment(nvim: NeovimProcess, journal_path: Path) -> None:
+    result = doctor("--journal", str(journal_path), "--nvim", nvim.address, env={"TOOLBUS_NVIM": "/nowhere"})
+    assert "(from --nvim) answers" in result.stdout
+
+
+def test_doctor_fails_and_says_what_to_do_without_neovim(tmp_path: Path, journal_path: Path) -> None:
+    gone = str(tmp_path / "gone.sock")
+    result = doctor("--journal", str(journal_path), env={"TOOLBUS_NVIM": gone})
+    assert result.returncode == 1
+    assert f"✗ neovim: {gone} (from $TOOLBUS_NVIM) does not answer" in result.stdout
+    assert "v:servername" in result.stdout
+
+
+def test_doctor_flags_a_file_that_is_not_a_journal(nvim: NeovimProcess, tmp_path: Path) -> None:
+    garbage = tmp_path / "journal.db"
+    garbage.write_bytes(b"not sqlite at all" * 100)
+    result = doctor("--journal", str(garbage), "--nvim", nvim.address)
+    assert result.returncode == 1
+    assert "✗ journal: not a toolbus journal" in result.stdout
+    assert garbage.read_bytes() == b"not sqlite at all" * 100

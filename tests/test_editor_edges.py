@@ -1,0 +1,296 @@
+"""Editor edge cases: exact path matching, disk changes under a buffer, conflicts, lost text,
+invalid arguments, and Neovim going away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
+from tests.test_editor_tools import make
+
+pytestmark = pytest.mark.anyio
+
+
+# --- exact path matching -----------------------------------------------------------------
+
+
+async def test_a_path_never_matches_another_directorys_file(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    other = make(files, "other/path/a.py")
+    nvim.edit(other)
+    nvim.set_lines(other, ["dirty"])
+    wanted = files / "path" / "a.py"
+    reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(wanted)}))
+    assert reply == {"success": False, "message": f"Document not open: {wanted}"}
+    reply = json_of(await client.call_tool("saveDocument", {"filePath": str(wanted)}))
+    assert reply["saved"] is False
+    assert other.read_text() == "print('hello')\n"
+
+
+async def test_a_symlinked_path_finds_the_real_files_buffer(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    real = make(files, "real/a.py")
+    link = files / "link"
+    link.symlink_to(files / "real")
+    nvim.edit(real)
+    nvim.set_lines(real, ["via link"])
+    reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(link / "a.py")}))
+    assert reply["isDirty"] is True
+
+
+async def test_close_tab_by_name_never_closes_a_longer_name(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    data = make(files, "data.py")
+    nvim.edit(data)
+    await client.call_tool("close_tab", {"tab_name": "a.py"})
+    assert nvim.buffer_names() == [str(data)]
+
+
+async def test_close_tab_with_an_ambiguous_suffix_closes_nothing(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    first, second = make(files, "x/a.py"), make(files, "y/a.py")
+    nvim.edit(first)
+    nvim.edit(second)
+    assert text_of(await client.call_tool("close_tab", {"tab_name": "a.py"})) == "TAB_CLOSED"
+    assert nvim.buffer_names() == [str(first), str(second)]
+    [skipped] = journal.events("TabCloseSkipped")
+    assert skipped["data"]["reason"] == "ambiguous"
+    assert sorted(skipped["data"]["candidates"]) == [str(first), str(second)]
+
+
+async def test_close_tab_prefers_the_exact_full_path(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    first, second = make(files, "x/a.py"), make(files, "y/a.py")
+    nvim.edit(first)
+    nvim.edit(second)
+    await client.call_tool("close_tab", {"tab_name": str(second)})
+    assert nvim.buffer_names() == [str(first)]
+
+
+# --- the disk changed under the buffer -------------------------------------------------
+
+
+async def test_save_after_disk_change_of_unmodified_buffer_keeps_the_disk_change(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.command("set noautoread")
+    path.write_text("written by the agent\n")
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert reply["success"] is True and reply["saved"] is True
+    assert path.read_text() == "written by the agent\n"
+    assert nvim.lines(path) == ["written by the agent"]
+    [saved] = journal.events("DocumentSaved")
+    assert saved["data"]["disk_changed"] is True and saved["data"]["reloaded"] is True
+
+
+async def test_save_after_disk_change_with_autoread_keeps_the_disk_change(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    path.write_text("agent edit\n")
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert reply["saved"] is True
+    assert path.read_text() == "agent edit\n"
+
+
+async def test_save_after_disk_change_of_modified_buffer_is_a_conflict(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["user's unsaved edit"])
+    path.write_text("agent's disk edit\n")
+    for _ in range(2):  # asking again must not overwrite either
+        with anyio.fail_after(20):
+            reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+        assert reply["success"] is False and reply["saved"] is False
+        assert "changed on disk" in reply["message"] and "unsaved changes" in reply["message"]
+        assert path.read_text() == "agent's disk edit\n"
+        assert nvim.modified(path)
+        assert nvim.lines(path) == ["user's unsaved edit"]
+    refused = journal.events("DocumentSaveRefused")
+    assert [event["data"]["reason"] for event in refused] == ["conflict", "conflict"]
+
+
+async def test_a_conflict_ends_when_the_user_writes(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["mine"])
+    path.write_text("theirs\n")
+    assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"] is False
+    nvim.command("write!")  # the user resolves it their way
+    nvim.set_lines(path, ["mine, again"])
+    assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"] is True
+    assert path.read_text() == "mine, again\n"
+
+
+# --- nothing is lost ------------------------------------------------------------------------
+
+
+async def test_closing_a_modified_buffer_keeps_its_text_in_the_journal(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py", "saved text\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["unsaved line 1", "unsaved line 2"])
+    await client.call_tool("close_tab", {"tab_name": "a.py"})
+    [closed] = journal.events("TabClosed")
+    assert closed["data"]["path"] == str(path) and closed["data"]["was_modified"] is True
+    assert journal.blob(closed["data"]["discarded_blob"]) == b"unsaved line 1\nunsaved line 2\n"
+
+
+async def test_save_keeps_written_and_replaced_text_as_blobs(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = make(files, "ü.txt", "vorher\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["nachher ✓"])
+    await client.call_tool("saveDocument", {"filePath": str(path)})
+    [saved] = journal.events("DocumentSaved")
+    assert journal.blob(saved["data"]["replaced_blob"]) == b"vorher\n"
+    assert journal.blob(saved["data"]["written_blob"]) == "nachher ✓\n".encode()
+    assert saved["data"]["bytes_written"] == len("nachher ✓\n".encode())
+
+
+# --- invalid arguments ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "expected"),
+    [
+        ("saveDocument", {}, "Invalid arguments for saveDocument: filePath: required field is missing"),
+        (
+            "saveDocument",
+            {"filePath": 42},
+            "Invalid arguments for saveDocument: filePath: expected str, got int",
+        ),
+        (
+            "saveDocument",
+            {"filePath": "src/a.lua"},
+            'Invalid arguments for saveDocument: filePath: expected an absolute path, got "src/a.lua"',
+        ),
+        (
+            "checkDocumentDirty",
+            {"filePath": None},
+            "Invalid arguments for checkDocumentDirty: filePath: expected str, got null",
+        ),
+        ("close_tab", {}, "Invalid arguments for close_tab: tab_name: required field is missing"),
+        (
+            "close_tab",
+            {"tab_name": ["a"]},
+            "Invalid arguments for close_tab: tab_name: expected str, got array",
+        ),
+    ],
+)
+async def test_invalid_arguments_are_errors_naming_the_field(
+    client: Client,
+    nvim: NeovimProcess,
+    journal: JournalReader,
+    tool: str,
+    arguments: dict[str, object],
+    expected: str,
+) -> None:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    assert text_of(result) == expected
+    [command] = journal.commands()
+    assert (command["status"], command["error"]) == ("rejected", expected)
+    assert journal.events() == []
+
+
+async def test_an_unknown_tool_is_an_error(client: Client, journal: JournalReader) -> None:
+    result = await client.call_tool("formatDisk", {})
+    assert result.is_error
+    assert "unknown tool" in text_of(result)
+
+
+# --- Neovim unreachable, restarted ---------------------------------------------------------
+
+
+async def test_no_neovim_gives_a_clear_error_and_the_server_keeps_serving(
+    journal_path: Path, tmp_path: Path, mode: str, journal: JournalReader
+) -> None:
+    missing = str(tmp_path / "no-nvim.sock")
+    with anyio.fail_after(30):
+        async with toolbus(journal_path, missing, "--nvim-timeout", "2", mode=mode) as client:
+            for tool, arguments in [("getOpenEditors", {}), ("saveDocument", {"filePath": "/tmp/x.py"})]:
+                result = await client.call_tool(tool, arguments)
+                assert result.is_error
+                assert "not reachable" in text_of(result) and missing in text_of(result)
+            assert [tool.name for tool in (await client.list_tools()).tools]
+    assert [c["status"] for c in journal.commands()] == ["failed", "failed"]
+
+
+async def test_without_any_neovim_configured_the_error_says_what_to_do(
+    journal_path: Path, tmp_path: Path, mode: str
+) -> None:
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    with anyio.fail_after(30):
+        async with toolbus(journal_path, None, mode=mode, env=env) as client:
+            result = await client.call_tool("getOpenEditors", {})
+    assert result.is_error
+    assert "No Neovim found" in text_of(result) and "--nvim" in text_of(result)
+
+
+async def test_after_neovim_restarts_the_next_call_works(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    path = make(files, "a.py")
+    nvim.edit(path)
+    assert len(json_of(await client.call_tool("getOpenEditors", {}))["tabs"]) == 1
+    nvim.restart()
+    nvim.edit(path)
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))
+    assert reply["success"] is True
+
+
+async def test_a_prompt_during_save_times_out_and_neovim_is_usable_after(
+    journal_path: Path, nvim: NeovimProcess, files: Path, mode: str, journal: JournalReader
+) -> None:
+    path = make(files, "a.py")
+    nvim.edit(path)
+    nvim.command('autocmd BufWritePre <buffer> let g:answer = input("Really write? ")')
+    async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1", mode=mode) as client:
+        with anyio.fail_after(20):
+            result = await client.call_tool("saveDocument", {"filePath": str(path)})
+        assert result.is_error and "did not answer" in text_of(result)
+        nvim.command("autocmd! BufWritePre")
+        with anyio.fail_after(20):
+            reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))
+        assert reply["success"] is True
+    assert nvim.call(lambda n: n.request("nvim_get_mode"))["mode"] == "n"
+    [blocked, after] = journal.commands()
+    assert blocked["status"] == "in_doubt" and "did not answer" in blocked["error"]
+    assert after["status"] == "ok"
+
+
+async def test_a_long_running_command_times_out_and_is_interrupted(
+    journal_path: Path, nvim: NeovimProcess, files: Path, mode: str
+) -> None:
+    path = make(files, "a.py")
+    nvim.edit(path)
+    busy = "let t = reltime() | while reltimefloat(reltime(t)) < 60 | endwhile"
+    async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1", mode=mode) as client:
+        nvim.call(lambda n: n.command(busy, async_=True))
+        with anyio.fail_after(20):
+            result = await client.call_tool("getOpenEditors", {})
+        assert result.is_error and "did not answer" in text_of(result)
+        with anyio.fail_after(20):
+            reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))
+        assert reply["success"] is True
