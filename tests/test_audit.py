@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -193,8 +194,13 @@ def test_table_says_when_nothing_matches(session: EditorSession) -> None:
 
 
 def test_audit_leaves_the_journal_as_it_was(session: EditorSession, tmp_path: Path) -> None:
-    before = session.journal.stat()
-    assert cli("audit", "--journal", session.journal).code == 0
-    after = session.journal.stat()
+    wal = Path(f"{session.journal}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0  # every commit is in the main file
+    journal = tmp_path / "copy.db"
+    shutil.copy2(session.journal, journal)
+    before = journal.stat()
+    for args in ([], ["--json"], ["--path", str(session.files["a.txt"])], ["--limit", "1"]):
+        assert cli("audit", "--journal", journal, *args).code == 0
+    after = journal.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    assert sorted(p.name for p in session.journal.parent.iterdir()) == ["journal.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db"]  # no -wal or -shm left behind
