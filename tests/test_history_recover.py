@@ -1,0 +1,181 @@
+"""`toolbus history` and `toolbus recover`: a save that replaced text and a close that discarded
+unsaved text, both recorded by real tool calls, told and given back — and written back with
+`--apply`, itself journaled."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.conftest import json_of, toolbus
+from tests.journal_helpers import EditorSession, cli, record_editor_session
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EditorSession]:
+    recorded = record_editor_session(tmp_path_factory.mktemp("history"))
+    recorded.nvim.kill()
+    yield recorded
+
+
+@pytest.fixture
+def live_session(tmp_path: Path) -> Iterator[EditorSession]:
+    """A session whose Neovim is still running, for tests that change things."""
+    recorded = record_editor_session(tmp_path / "live")
+    yield recorded
+    recorded.nvim.kill()
+
+
+# --- history -----------------------------------------------------------------------------
+
+
+def test_history_tells_each_save_newest_first(session: EditorSession) -> None:
+    run = cli("history", session.files["a.txt"], "--journal", session.journal)
+    assert run.code == 0, run.err
+    title, header, newest, oldest, *hint = run.out.splitlines()
+    assert title == f"{os.path.realpath(session.files['a.txt'])}: 2 events, newest first"
+    assert header.split()[:4] == ["EVENT", "TIME", "(UTC)", "BY"]
+    later, first = session.position("DocumentSaved", "a.txt"), 1
+    assert newest.startswith(f"@{later} ") and "reviewer" in newest
+    assert "saved 25 B, replaced 25 B, file had changed on disk (reloaded first)" in newest
+    assert oldest.startswith(f"@{first} ") and "writer" in oldest
+    assert "saved 8 B, replaced 8 B" in oldest and "8 B replaced" in oldest
+    assert "toolbus recover EVENT" in "\n".join(hint)
+
+
+def test_history_tells_a_close_that_discarded_unsaved_text(session: EditorSession) -> None:
+    run = cli("history", session.files["b.txt"], "--journal", session.journal)
+    assert run.code == 0, run.err
+    [row] = run.out.splitlines()[2:3]
+    assert "closed, discarded 14 B unsaved" in row and "14 B unsaved, discarded" in row
+
+
+def test_history_json_lines(session: EditorSession) -> None:
+    run = cli("history", session.files["c.txt"], "--journal", session.journal, "--json")
+    assert run.code == 0, run.err
+    saved, refused = run.json_lines()
+    assert set(saved) == {"event", "tool", "status", "agent", "session_id"}
+    assert saved["event"]["type"] == "DocumentSaved" and saved["agent"] == "reviewer"
+    assert saved["event"]["data"]["disk_changed"] is False
+    assert refused["event"]["type"] == "DocumentSaveRefused"
+    assert refused["event"]["data"]["reason"] == "not_open"
+
+
+def test_history_of_a_file_never_touched(session: EditorSession) -> None:
+    run = cli("history", session.root / "nothing.txt", "--journal", session.journal)
+    assert (run.code, run.out) == (0, "")
+    assert "no saves or closes" in run.err
+
+
+# --- recover: printing -------------------------------------------------------------------
+
+
+def test_recover_prints_the_text_a_save_replaced(session: EditorSession) -> None:
+    run = cli("recover", "1", "--journal", session.journal)
+    assert run.code == 0, run.err
+    assert run.raw == b"alpha 1\n"
+    assert "the text on disk that the save replaced" in run.err
+
+
+def test_recover_prints_the_text_a_close_discarded(session: EditorSession) -> None:
+    position = session.position("TabClosed", "b.txt")
+    run = cli("recover", f"@{position}", "--journal", session.journal)
+    assert run.code == 0, run.err
+    assert run.raw == b"bravo unsaved\n"
+    assert "the unsaved text that the close discarded" in run.err
+
+
+def test_recover_by_event_id(session: EditorSession) -> None:
+    [row] = session.reader.events("TabClosed")
+    run = cli("recover", row["event_id"], "--journal", session.journal)
+    assert (run.code, run.raw) == (0, b"bravo unsaved\n")
+
+
+def test_recover_to_a_file(session: EditorSession, tmp_path: Path) -> None:
+    out = tmp_path / "recovered.txt"
+    run = cli("recover", "1", "-o", out, "--journal", session.journal)
+    assert (run.code, run.out) == (0, "")
+    assert out.read_bytes() == b"alpha 1\n"
+
+
+def test_recover_of_an_event_without_text_says_why(session: EditorSession) -> None:
+    [refused] = session.reader.events("DocumentSaveRefused")
+    run = cli("recover", str(refused["position"]), "--journal", session.journal)
+    assert run.code == 2 and run.out == ""
+    assert run.err == (
+        f"toolbus recover: event @{refused['position']} (DocumentSaveRefused) holds no recoverable text: "
+        "only saves, closes and restores do\n"
+    )
+
+
+# --- recover --apply ---------------------------------------------------------------------
+
+
+def test_apply_restores_a_discarded_close_and_journals_it(live_session: EditorSession) -> None:
+    s = live_session
+    b = s.files["b.txt"]
+    b.chmod(0o640)
+    assert b.read_text() == "bravo\n"  # the close threw the unsaved text away
+    closed = s.position("TabClosed", "b.txt")
+
+    run = cli("recover", str(closed), "--apply", "--journal", s.journal, "--agent", "rescuer")
+    assert run.code == 0, run.err
+    assert b.read_text() == "bravo unsaved\n"
+    assert stat.S_IMODE(b.stat().st_mode) == 0o640
+
+    [command] = s.reader.commands("recover")
+    [restored] = s.reader.events("FileRestored")
+    assert command["status"] == "ok" and command["agent"] == "rescuer"
+    assert restored["command_id"] == command["id"]
+    assert restored["data"]["from_position"] == closed
+    assert restored["data"]["path"] == os.path.realpath(b)
+    assert s.reader.blob(restored["data"]["written_blob"]) == b"bravo unsaved\n"
+    assert s.reader.blob(restored["data"]["replaced_blob"]) == b"bravo\n"
+    assert f"journaled as event @{restored['position']}" in run.out
+    s.reader.assert_gapless()
+
+    # the restore is in the file's story and the audit, and can itself be undone
+    history = cli("history", b, "--journal", s.journal).out.splitlines()
+    assert history[2].startswith(f"@{restored['position']} ") and f"from @{closed}" in history[2]
+    audited = cli("audit", "--journal", s.journal, "--tool", "recover", "--json").json_lines()
+    assert [line["events"][0]["type"] for line in audited] == ["FileRestored"]
+    undo = cli("recover", str(restored["position"]), "--apply", "--journal", s.journal)
+    assert undo.code == 0, undo.err
+    assert b.read_text() == "bravo\n"
+
+
+def test_apply_restores_replaced_text_and_neovim_keeps_it(live_session: EditorSession) -> None:
+    s = live_session
+    a = s.files["a.txt"]
+    run = cli("recover", "1", "--apply", "--journal", s.journal)
+    assert run.code == 0, run.err
+    assert a.read_text() == "alpha 1\n"
+
+    async def save_again() -> None:
+        async with toolbus(s.journal, s.nvim.address) as client:
+            reply = json_of(await client.call_tool("saveDocument", {"filePath": str(a)}))
+            assert reply["saved"]
+
+    anyio.run(save_again)  # Neovim had the old text, unmodified: it reloads the restored file
+    assert a.read_text() == "alpha 1\n"
+    assert s.nvim.lines(a) == ["alpha 1"]
+    [*_, last] = s.reader.events("DocumentSaved")
+    assert last["data"]["disk_changed"] is True
+
+
+def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_session: EditorSession) -> None:
+    s = live_session
+    a = s.files["a.txt"]
+    a.unlink()
+    a.mkdir()  # a directory where the file was: no user, not even root, may write it as a file
+    run = cli("recover", "1", "--apply", "--journal", s.journal)
+    assert run.code == 2 and run.err.startswith(f"toolbus recover: cannot write {os.path.realpath(a)}")
+    [command] = s.reader.commands("recover")
+    assert command["status"] == "failed" and "cannot write" in command["error"]
+    assert s.reader.events("FileRestored") == []
+    assert a.is_dir() and list(a.iterdir()) == []
