@@ -1,0 +1,175 @@
+"""Bad input to the journal commands: one clear line on stderr, exit code 2, and no file
+created or changed — not the journal, not a stranger's database, no -wal or -shm beside it."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from journal import SqliteJournal
+from tests.journal_helpers import Run, cli
+
+# Every journal command, as `(journal path) -> arguments`.
+COMMANDS: dict[str, Callable[[Path], list[str]]] = {
+    "audit": lambda j: ["audit", "--journal", str(j)],
+    "audit --json": lambda j: ["audit", "--json", "--journal", str(j)],
+    "history": lambda j: ["history", "/tmp/a.txt", "--journal", str(j)],
+    "recover": lambda j: ["recover", "1", "--journal", str(j)],
+    "recover --apply": lambda j: ["recover", "1", "--apply", "--journal", str(j)],
+    "replay memory": lambda j: ["replay", "memory", "--journal", str(j)],
+    "replay memory --check": lambda j: ["replay", "memory", "--check", "--journal", str(j)],
+    "replay editor": lambda j: ["replay", "editor", "--dry-run", "--journal", str(j)],
+}
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file in `folder`: size, mtime and content."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes()) for p in folder.iterdir()}
+
+
+def assert_one_line_usage_error(run: Run, command: str, *fragments: str) -> None:
+    assert run.code == 2, (run.code, run.out, run.err)
+    assert run.out == ""
+    assert run.err.endswith("\n") and run.err.count("\n") == 1, run.err
+    assert run.err.startswith(f"toolbus {command.split()[0]}: "), run.err
+    for fragment in fragments:
+        assert fragment in run.err
+
+
+# --- journals that are not there, or not journals ----------------------------------------
+
+
+def stranger_rollback(folder: Path) -> Path:
+    path = folder / "notes.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+    conn.close()
+    return path
+
+
+def stranger_wal(folder: Path) -> Path:
+    path = folder / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE things (id INTEGER PRIMARY KEY)")
+    conn.commit()
+    conn.close()
+    return path
+
+
+def text_file(folder: Path) -> Path:
+    path = folder / "journal.db"
+    path.write_text("not a database at all, just some text that is long enough to fill a header\n" * 3)
+    return path
+
+
+def empty_file(folder: Path) -> Path:
+    path = folder / "journal.db"
+    path.touch()
+    return path
+
+
+NOT_JOURNALS = {
+    "someone else's SQLite database": (stranger_rollback, "a SQLite database of something else"),
+    "someone else's WAL database": (stranger_wal, "a SQLite database of something else"),
+    "a text file": (text_file, "not a SQLite database"),
+    "an empty file": (empty_file, "an empty file"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", NOT_JOURNALS)
+def test_a_file_that_is_not_a_journal_is_refused_and_left_alone(
+    tmp_path: Path, command: str, kind: str
+) -> None:
+    make, why = NOT_JOURNALS[kind]
+    path = make(tmp_path)
+    before = snapshot(tmp_path)
+    run = cli(*COMMANDS[command](path))
+    assert_one_line_usage_error(run, command, "not a toolbus journal", str(path), why)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_journal_that_does_not_exist_is_not_created(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "state" / "toolbus" / "journal.db"
+    run = cli(*COMMANDS[command](path))
+    assert_one_line_usage_error(run, command, f"no journal at {path}")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["audit", "history", "recover"])
+def test_a_directory_is_not_a_journal(tmp_path: Path, command: str) -> None:
+    run = cli(*COMMANDS[command](tmp_path))
+    assert_one_line_usage_error(run, command, "not a toolbus journal", "is a directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- bad values, on a real (empty) journal ------------------------------------------------
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    path = tmp_path / "journal.db"
+    SqliteJournal(path).close()
+    return path
+
+
+def assert_untouched(journal: Path, run: Callable[[], Run], command: str, *fragments: str) -> None:
+    before = snapshot(journal.parent)
+    assert_one_line_usage_error(run(), command, *fragments)
+    assert snapshot(journal.parent) == before
+
+
+@pytest.mark.parametrize(
+    ("event", "fragment"),
+    [
+        ("999", "no event 999 in the journal"),
+        ("@999", "no event @999 in the journal"),
+        ("0123456789abcdef0123456789abcdef", "no event 0123456789abcdef0123456789abcdef"),
+        (
+            "last-one",
+            "EVENT: expected an event position (e.g. 12) or an event id (32 hex digits), got 'last-one'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("apply", [False, True])
+def test_an_unknown_event(journal: Path, event: str, fragment: str, apply: bool) -> None:
+    args = ["recover", event, "--journal", str(journal), *(["--apply"] if apply else [])]
+    assert_untouched(journal, lambda: cli(*args), "recover", fragment)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--since", "yesterday"), ("--until", "2026-13-45"), ("--since", "5 parsecs"), ("--until", "")],
+)
+def test_a_malformed_time(journal: Path, option: str, value: str) -> None:
+    run = lambda: cli("audit", option, value, "--journal", str(journal))  # noqa: E731
+    assert_untouched(journal, run, "audit", f"{option}: expected an ISO time", repr(value))
+
+
+def test_a_malformed_time_is_reported_before_the_journal_is_looked_for(tmp_path: Path) -> None:
+    run = cli("audit", "--since", "soon", "--journal", str(tmp_path / "missing.db"))
+    assert_one_line_usage_error(run, "audit", "--since: expected an ISO time")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["audit", "--status", "fine"],
+            "--status: expected one of ok, rejected, failed, in_doubt, got 'fine'",
+        ),
+        (["audit", "--limit", "-3"], "--limit: expected a whole number (0 for all), got '-3'"),
+        (["history", "/tmp/x", "--limit", "many"], "--limit: expected a whole number"),
+        (["replay", "editor", "--from", "first", "--dry-run"], "--from: expected an event position"),
+        (["replay", "editor", "--map", "/only/one/side", "--dry-run"], "--map: expected FROM=TO"),
+        (["replay", "editor"], "--nvim ADDRESS is required"),
+    ],
+)
+def test_other_bad_values(journal: Path, args: list[str], fragment: str) -> None:
+    assert_untouched(journal, lambda: cli(*args, "--journal", str(journal)), args[0], fragment)
