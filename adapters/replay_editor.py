@@ -30,7 +30,7 @@ local function find(name)
 end
 local buf = find(path)
 if buf and api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
-  error('toolbus: ' .. path .. ' has unsaved changes in this Neovim: save or close it, then replay again', 0)
+  error(path .. ' has unsaved changes in this Neovim: save or close it, then replay again', 0)
 end
 if action == 'close' then
   if buf then
@@ -41,7 +41,7 @@ end
 vim.fn.mkdir(vim.fn.fnamemodify(path, ':h'), 'p')
 local file, err = io.open(path, 'wb')
 if not file then
-  error('toolbus: cannot write ' .. path .. ': ' .. tostring(err), 0)
+  error('cannot write ' .. path .. ': ' .. tostring(err), 0)
 end
 file:write(text)
 file:close()

@@ -1,0 +1,316 @@
+"""`toolbus replay`: the memory store rebuilt from the journal alone, and a session's saves,
+restores and closes re-applied to a second Neovim."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from journal.memory import reset_memory_tables
+from tests.conftest import NeovimProcess, json_of, toolbus
+from tests.journal_helpers import EditorSession, cli, record_editor_session
+
+pytestmark = pytest.mark.anyio
+
+OBSERVATIONS: list[dict[str, Any]] = [
+    {
+        "title": "Journal is the truth",
+        "text": "The memory store is a projection of events.",
+        "type": "decision",
+    },
+    {"title": "Fix flaky save", "text": "Reload before write when the disk changed.", "type": "bugfix"},
+    {
+        "title": "Private note",
+        "text": "Only the writer may see this projection note.",
+        "visibility": "private",
+    },
+    {
+        "title": "東京の会議",
+        "text": "東京タワーの近くで会議をしました",
+        "project": "travel",
+        "concepts": ["会議"],
+    },
+    {
+        "title": "Department memo",
+        "text": "Replay rebuilds the store",
+        "visibility": "department",
+        "facts": ["rebuild"],
+    },
+    {
+        "title": "Old idea",
+        "text": "A projection can be thrown away",
+        "project": "travel",
+        "files_read": ["a.py"],
+    },
+]
+SEARCHES: list[dict[str, Any]] = [
+    {},
+    {"query": "projection"},
+    {"query": "projection", "orderBy": "date_asc"},
+    {"query": "会議"},
+    {"query": '"the store"'},
+    {"query": "rebuild"},
+    {"project": "travel"},
+    {"type": "bugfix,decision"},
+    {"query": "note", "limit": 1, "offset": 0},
+]
+
+
+async def memory_answers(journal: Path, agent: str) -> list[Any]:
+    """Every search, a timeline and the full observations, as `agent` sees them."""
+    async with toolbus(journal, None, "--agent", agent) as client:
+        answers = [json_of(await client.call_tool("search", search)) for search in SEARCHES]
+        answers.append(json_of(await client.call_tool("timeline", {"query": "store"})))
+        answers.append(json_of(await client.call_tool("get_observations", {"ids": list(range(1, 10))})))
+        return answers
+
+
+@pytest.fixture
+async def memory_journal(tmp_path: Path) -> Path:
+    journal = tmp_path / "journal.db"
+    async with toolbus(journal, None, "--agent", "writer") as client:
+        for observation in OBSERVATIONS:
+            json_of(await client.call_tool("save", observation))
+    return journal
+
+
+def empty_the_store(journal: Path) -> None:
+    conn = sqlite3.connect(journal, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        reset_memory_tables(conn)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def tamper(journal: Path, sql: str) -> None:
+    conn = sqlite3.connect(journal, isolation_level=None)
+    try:
+        conn.execute(sql)
+    finally:
+        conn.close()
+
+
+# --- replay memory -------------------------------------------------------------------------
+
+
+async def test_replay_memory_rebuilds_a_deleted_store(memory_journal: Path) -> None:
+    before = {agent: await memory_answers(memory_journal, agent) for agent in ("writer", "stranger")}
+    assert before["writer"][1]["total"] == 3  # the searches find things, or this test proves nothing
+
+    empty_the_store(memory_journal)
+    emptied = await memory_answers(memory_journal, "writer")
+    assert emptied[0]["results"] == [] and emptied[1]["results"] == []
+
+    run = cli("replay", "memory", "--journal", memory_journal)
+    assert run.code == 0, run.err
+    assert run.out == f"rebuilt the memory store from {len(OBSERVATIONS)} saved observations\n"
+    for agent, answers in before.items():
+        assert await memory_answers(memory_journal, agent) == answers
+    assert cli("replay", "memory", "--check", "--journal", memory_journal).code == 0
+
+
+async def test_replay_memory_check_finds_nothing_in_an_intact_store_and_changes_nothing(
+    memory_journal: Path,
+) -> None:
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in memory_journal.parent.iterdir()}
+    run = cli("replay", "memory", "--check", "--journal", memory_journal)
+    assert (run.code, run.err) == (0, "")
+    assert (
+        run.out
+        == f"checked the memory store against {len(OBSERVATIONS)} saved observations: no differences\n"
+    )
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in memory_journal.parent.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        ("UPDATE observations SET title = 'Forged' WHERE id = 2", "observations: row 2 differs in title"),
+        ("DELETE FROM observations WHERE id = 3", "observations: row 3 is missing from the live store"),
+        (
+            "INSERT INTO observations SELECT 99, title, text, type, project, memory_session_id, facts, concepts,"
+            " agent, department, visibility, created_at_epoch, extra FROM observations WHERE id = 1",
+            "observations: row 99 is in the live store but in no journal event",
+        ),
+        ("DROP TABLE observations", "observations: cannot be read from the live store"),
+    ],
+)
+async def test_replay_memory_check_detects_a_tampered_store(
+    memory_journal: Path, sql: str, expected: str
+) -> None:
+    tamper(memory_journal, sql)
+    run = cli("replay", "memory", "--check", "--journal", memory_journal)
+    assert run.code == 1, run.err
+    assert expected in run.out
+    assert "difference(s)" in run.out.splitlines()[-1]
+    # ... and a replay mends it
+    assert cli("replay", "memory", "--journal", memory_journal).code == 0
+    assert cli("replay", "memory", "--check", "--journal", memory_journal).code == 0
+
+
+# --- replay editor -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[EditorSession]:
+    recorded = record_editor_session(tmp_path / "recorded")
+    # a restore too: the unsaved text the close of b.txt discarded, written back
+    closed = recorded.position("TabClosed", "b.txt")
+    assert cli("recover", str(closed), "--apply", "--journal", recorded.journal).code == 0
+    yield recorded
+    recorded.nvim.kill()
+
+
+@pytest.fixture
+def second_nvim(tmp_path: Path) -> Iterator[NeovimProcess]:
+    process = NeovimProcess(tmp_path / "second")
+    yield process
+    process.kill()
+
+
+def open_buffers(nvim: NeovimProcess) -> set[str]:
+    return {os.path.realpath(name) for name in nvim.buffer_names() if name}
+
+
+def final_contents(session: EditorSession) -> dict[str, bytes]:
+    return {name: path.read_bytes() for name, path in session.files.items()}
+
+
+def test_replay_editor_reproduces_the_files_in_another_place(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    elsewhere = tmp_path / "elsewhere" / "work"
+    run = cli(
+        "replay",
+        "editor",
+        "--nvim",
+        second_nvim.address,
+        "--map",
+        f"{work}={elsewhere}",
+        "--journal",
+        session.journal,
+    )
+    assert run.code == 0, run.err
+    expected = final_contents(session)
+    assert expected == {
+        "a.txt": b"alpha 3 (edited on disk)\n",
+        "b.txt": b"bravo unsaved\n",
+        "c.txt": b"charlie 2\n",
+    }
+    assert {path.name: path.read_bytes() for path in elsewhere.iterdir()} == expected
+    # the files are open in the second Neovim, unmodified, holding what was written
+    assert open_buffers(second_nvim) == {str(elsewhere / name) for name in expected}
+    for name, content in expected.items():
+        assert second_nvim.lines(elsewhere / name) == content.decode().splitlines()
+        assert not second_nvim.modified(elsewhere / name)
+    lines = run.out.splitlines()
+    assert lines[0] == f"@1 save {elsewhere}/a.txt (recorded as {work}/a.txt): write 8 bytes"
+    assert lines[-1] == f"replayed {len(lines) - 1} steps to Neovim at {second_nvim.address}"
+
+
+def test_replay_editor_restores_files_in_place(session: EditorSession, second_nvim: NeovimProcess) -> None:
+    expected = final_contents(session)
+    for path in session.files.values():
+        path.write_text("lost\n")
+    run = cli("replay", "editor", "--nvim", second_nvim.address, "--journal", session.journal)
+    assert run.code == 0, run.err
+    assert final_contents(session) == expected
+
+
+def test_replay_editor_writes_exact_bytes_and_replays_closes(
+    tmp_path: Path, second_nvim: NeovimProcess
+) -> None:
+    recorded = tmp_path / "recorded"
+    nvim = NeovimProcess(recorded / "nvim")
+    dos, plain = recorded / "dos.txt", recorded / "plain.txt"
+    dos.write_bytes(b"one\r\ntwo\r\n")
+    plain.write_bytes(b"no final newline")
+    journal = recorded / "journal.db"
+
+    async def work() -> None:
+        async with toolbus(journal, nvim.address) as client:
+            for path in (dos, plain):
+                nvim.edit(path)
+                nvim.set_lines(path, [*nvim.lines(path), "added"])
+                assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"]
+            await client.call_tool("close_tab", {"tab_name": "plain.txt"})
+
+    try:
+        anyio.run(work)
+    finally:
+        nvim.kill()
+    written = {path: path.read_bytes() for path in (dos, plain)}
+    assert written[dos] == b"one\r\ntwo\r\nadded\r\n"
+    for path in (dos, plain):
+        path.unlink()
+    run = cli("replay", "editor", "--nvim", second_nvim.address, "--journal", journal)
+    assert run.code == 0, run.err
+    assert {path: path.read_bytes() for path in (dos, plain)} == written
+    assert open_buffers(second_nvim) == {os.path.realpath(dos)}  # plain.txt was closed again
+    assert run.out.splitlines()[2] == f"@3 close {os.path.realpath(plain)}"
+
+
+def test_replay_editor_from_and_to(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    first_save = session.position("DocumentSaved", "c.txt")
+    out = tmp_path / "partial"
+    args = ["--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", str(session.journal)]
+    run = cli("replay", "editor", "--to", str(first_save), *args)
+    assert run.code == 0, run.err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.txt": b"alpha 2\n", "c.txt": b"charlie 2\n"}
+    later = cli("replay", "editor", "--from", f"@{first_save + 1}", *args)
+    assert later.code == 0, later.err
+    assert (out / "a.txt").read_bytes() == b"alpha 3 (edited on disk)\n"
+    assert (out / "b.txt").read_bytes() == b"bravo unsaved\n"
+
+
+def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path: Path) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    run = cli(
+        "replay", "editor", "--dry-run", "--map", f"{work}={tmp_path / 'out'}", "--journal", session.journal
+    )
+    assert run.code == 0, run.err
+    steps = run.out.splitlines()
+    assert steps[0].startswith(f"would @1 save {tmp_path / 'out'}/a.txt")
+    assert any(" close " in step for step in steps) and any(" restore " in step for step in steps)
+    assert steps[-1] == f"{len(steps) - 1} steps to replay (dry run: nothing changed)"
+    assert not (tmp_path / "out").exists()
+
+
+def test_replay_editor_never_overwrites_unsaved_changes(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.txt").write_text("mine\n")
+    second_nvim.edit(out / "a.txt")
+    second_nvim.set_lines(out / "a.txt", ["my unsaved work"])
+    run = cli(
+        "replay",
+        "editor",
+        "--nvim",
+        second_nvim.address,
+        "--map",
+        f"{work}={out}",
+        "--journal",
+        session.journal,
+    )
+    assert run.code == 2
+    assert run.err == (
+        f"toolbus replay: replay stopped at @1: {out}/a.txt has unsaved changes in this Neovim: "
+        "save or close it, then replay again\n"
+    )
+    assert second_nvim.lines(out / "a.txt") == ["my unsaved work"]
+    assert (out / "a.txt").read_text() == "mine\n"
