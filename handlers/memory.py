@@ -1,9 +1,13 @@
-"""Memory command handlers: `save` emits an event; the queries read the memory store."""
+"""Memory command handlers: `save` emits an event; the queries interpret their arguments and
+ask the memory store, which shows each caller only what it may see."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
+import typing
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -11,12 +15,19 @@ import msgspec
 from bus import (
     GetObservations,
     HandlerContext,
+    InvalidArguments,
     ObservationSaved,
     SaveObservation,
     SearchObservations,
     Timeline,
 )
-from handlers.ports import MemoryStore
+from bus.commands import ObservationType
+from handlers.ports import MemoryStore, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+
+OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
+_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_EPOCH_MS = re.compile(r"-?\d+")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Saved(msgspec.Struct, frozen=True):
@@ -32,6 +43,10 @@ def memory_of(context: HandlerContext[Any]) -> MemoryStore:
 
 
 async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
+    # The schema asks for non-empty strings; text made of blanks is just as empty.
+    for field in ("title", "text"):
+        if not getattr(command, field).strip():
+            raise InvalidArguments(command.tool, f"{field}: expected a non-empty string, got only whitespace")
     now_ms = time.time_ns() // 1_000_000
     session_id = command.memory_session_id or f"mcp-{now_ms}-{secrets.token_hex(4)}"
     event = ObservationSaved(
@@ -52,13 +67,83 @@ async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
     return Saved(success=True, id=position, memory_session_id=session_id, created_at_epoch=now_ms)
 
 
-async def search(command: SearchObservations, context: HandlerContext[Any]) -> dict[str, Any]:
-    return await memory_of(context).search(command, context.caller)
+async def search(command: SearchObservations, context: HandlerContext[Any]) -> SearchPage:
+    text = _words(command.query)
+    query = SearchQuery(
+        text=text,
+        limit=command.limit,
+        offset=command.offset,
+        project=command.project,
+        types=observation_types(command.tool, command.type),
+        start_ms=epoch_ms(command.tool, "dateStart", command.dateStart, end_of_day=False),
+        end_ms=epoch_ms(command.tool, "dateEnd", command.dateEnd, end_of_day=True),
+        order_by=command.orderBy or ("relevance" if text else "date_desc"),
+    )
+    return await memory_of(context).search(query, context.caller)
 
 
-async def timeline(command: Timeline, context: HandlerContext[Any]) -> dict[str, Any]:
-    return await memory_of(context).timeline(command, context.caller)
+async def timeline(command: Timeline, context: HandlerContext[Any]) -> TimelinePage:
+    query = TimelineQuery(
+        anchor=command.anchor,
+        text=_words(command.query),
+        depth_before=command.depth_before,
+        depth_after=command.depth_after,
+        project=command.project,
+    )
+    return await memory_of(context).timeline(query, context.caller)
 
 
-async def get_observations(command: GetObservations, context: HandlerContext[Any]) -> dict[str, Any]:
+async def get_observations(command: GetObservations, context: HandlerContext[Any]) -> Observations:
     return await memory_of(context).get_observations(command.ids, context.caller)
+
+
+# --- interpreting query arguments ----------------------------------------------------
+
+
+def _words(query: str | None) -> str | None:
+    """A query as typed, or None when it is blank (then only the filters apply)."""
+    return query if query and query.strip() else None
+
+
+def observation_types(tool: str, value: str | None) -> tuple[str, ...]:
+    """`"bugfix"` or `"bugfix, feature"` as a tuple of known types; empty means every type."""
+    if value is None:
+        return ()
+    types = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    unknown = [name for name in types if name not in OBSERVATION_TYPES]
+    if unknown:
+        raise InvalidArguments(
+            tool,
+            f"type: expected one or a comma list of {', '.join(OBSERVATION_TYPES)}, got {value!r}",
+        )
+    return types
+
+
+def epoch_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool) -> int | None:
+    """An ISO date or date-time (UTC unless it says otherwise), or epoch milliseconds, as epoch ms.
+
+    A bare date used as an end bound means the whole of that day.
+    """
+    if value is None or isinstance(value, int):
+        return value
+    text = value.strip()
+    if _EPOCH_MS.fullmatch(text):
+        return int(text)
+    try:
+        if _DATE_ONLY.fullmatch(text):
+            moment = datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC)
+            if end_of_day:
+                return _ms(moment + timedelta(days=1)) - 1
+            return _ms(moment)
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArguments(
+            tool,
+            f"{field}: expected an ISO date (2025-01-31), date-time (2025-01-31T09:30:00Z) "
+            f"or epoch milliseconds, got {value!r}",
+        ) from None
+    return _ms(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
+def _ms(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(milliseconds=1)  # exact, unlike float timestamps

@@ -1,49 +1,98 @@
 """The memory store: a projection of `ObservationSaved` events, kept in the journal's own file.
 
 It is written only by `apply_observation`, inside the transaction that appends the event,
-so the journal and the store never disagree; `toolbus replay memory` rebuilds it.
+so the journal and the store never disagree. `toolbus replay memory` rebuilds it from the
+events alone: `reset_memory_tables`, then `apply_observation` for every `ObservationSaved`.
+
+Search runs on an FTS5 index that keeps no copy of the text (contentless): `observations`
+holds the text once, the index only its tokens. FTS5's unicode61 tokenizer makes a whole run
+of Chinese, Japanese or Korean characters one token, so such runs are indexed as overlapping
+bigrams followed by the run's last character, and queried the same way: two or more
+characters become a phrase of bigrams, a single character a prefix of any indexed token.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
-from typing import TYPE_CHECKING, Any
+import unicodedata
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import sqlite_utils
 
-from bus import Caller, Fault, ObservationSaved, SearchObservations, Timeline
+from bus import Caller, ObservationSaved
+from handlers.ports import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 
 if TYPE_CHECKING:
     from journal.store import SqliteJournal
 
+T = TypeVar("T")
+
+_TABLES = (
+    """CREATE TABLE observations (
+        id INTEGER PRIMARY KEY REFERENCES events (position),  -- its ObservationSaved event
+        title TEXT NOT NULL,
+        text TEXT NOT NULL,
+        type TEXT NOT NULL,
+        project TEXT NOT NULL,
+        memory_session_id TEXT NOT NULL,
+        facts TEXT NOT NULL,  -- JSON array of strings
+        concepts TEXT NOT NULL,  -- JSON array of strings
+        agent TEXT NOT NULL,
+        department TEXT NOT NULL,
+        visibility TEXT NOT NULL,  -- private | department | project | public
+        created_at_epoch INTEGER NOT NULL,  -- milliseconds
+        extra TEXT NOT NULL  -- JSON object: the fields the save schema does not name
+    )""",
+    # Each also holds the rowid, so (created_at_epoch, id) order needs no sort.
+    "CREATE INDEX observations_by_time ON observations (created_at_epoch)",
+    "CREATE INDEX observations_by_project ON observations (project, created_at_epoch)",
+    # How many observations each audience has, so a search without words counts its total
+    # without reading every row.
+    """CREATE TABLE observation_tallies (
+        project TEXT NOT NULL,
+        type TEXT NOT NULL,
+        visibility TEXT NOT NULL,
+        department TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (project, type, visibility, department, agent)
+    ) WITHOUT ROWID""",
+    # Contentless: rowid = observations.id; columns hold the searchable form of the text.
+    "CREATE VIRTUAL TABLE observations_fts USING fts5("
+    " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
+)
+_DROP = tuple(
+    f"DROP TABLE IF EXISTS {table}" for table in ("observations_fts", "observation_tallies", "observations")
+)
+
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.decode
 
 
 def create_memory_tables(db: sqlite_utils.Database) -> None:
-    db["observations"].create(  # type: ignore[union-attr]
-        {
-            "id": int,  # the journal position of its ObservationSaved event
-            "title": str,
-            "text": str,
-            "type": str,
-            "project": str,
-            "memory_session_id": str,
-            "facts": str,  # JSON array
-            "concepts": str,  # JSON array
-            "agent": str,
-            "department": str,
-            "visibility": str,
-            "created_at_epoch": int,
-            "extra": str,  # JSON object
-        },
-        pk="id",
-    )
-    db["observations"].create_index(["project", "created_at_epoch"])  # type: ignore[union-attr]
-    db["observations"].create_index(["created_at_epoch"])  # type: ignore[union-attr]
+    """Called by the journal's migration, inside its transaction."""
+    _create(db.conn)
+
+
+def reset_memory_tables(conn: sqlite3.Connection) -> None:
+    """Drop and recreate the memory tables, empty, inside the caller's transaction:
+    the first step of rebuilding the store from the journal's events."""
+    for statement in _DROP:
+        conn.execute(statement)
+    _create(conn)
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    # One statement at a time: executescript() would commit the caller's transaction.
+    for statement in _TABLES:
+        conn.execute(statement)
 
 
 def apply_observation(conn: sqlite3.Connection, position: int, event: ObservationSaved) -> None:
+    """Project one saved observation (id = its event's journal position) into the store."""
     conn.execute(
         "INSERT INTO observations (id, title, text, type, project, memory_session_id, facts, concepts,"
         " agent, department, visibility, created_at_epoch, extra) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -63,19 +112,316 @@ def apply_observation(conn: sqlite3.Connection, position: int, event: Observatio
             _json.encode(event.extra).decode(),
         ),
     )
+    conn.execute(
+        "INSERT INTO observations_fts (rowid, title, text, tags) VALUES (?, ?, ?, ?)",
+        (
+            position,
+            searchable(event.title),
+            searchable(event.text),
+            searchable("\n".join([*event.facts, *event.concepts])),
+        ),
+    )
+    conn.execute(
+        "INSERT INTO observation_tallies (project, type, visibility, department, agent, n)"
+        " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET n = n + 1",
+        (event.project, event.type, event.visibility, event.department, event.agent),
+    )
+
+
+# --- the searchable form of text, and queries over it -----------------------------------
+
+# Letters of scripts written without spaces between words (Han, kana) and Hangul, whose
+# words unicode61 cannot find inside a run. Punctuation of those blocks is left out.
+_CJK_RUN = re.compile(
+    "["
+    "\u1100-\u11ff"  # Hangul Jamo
+    "\u3005-\u3007"  # 々 〆 〇
+    "\u3041-\u3096\u309d-\u309f"  # Hiragana
+    "\u30a1-\u30fa\u30fc-\u30ff"  # Katakana (not the middle dot ・)
+    "\u3131-\u318e"  # Hangul compatibility Jamo
+    "\u31f0-\u31ff"  # Katakana phonetic extensions
+    "\u3400-\u4dbf\u4e00-\u9fff"  # CJK ideographs, extension A
+    "\uac00-\ud7a3"  # Hangul syllables
+    "\uf900-\ufaff"  # CJK compatibility ideographs
+    "\U00020000-\U0003134f"  # CJK ideographs, extensions B-H
+    "]+"
+)
+# A "quoted phrase", or a run of anything but blanks and quotes (a stray quote is dropped).
+_TERM = re.compile(r'"([^"]*)"|([^\s"]+)')
+# Typed between words out of search-engine habit; every word must match anyway.
+_CONNECTIVES = frozenset({"AND", "OR", "NEAR"})
+_BM25_WEIGHTS = "5.0, 1.0, 2.0"  # title, text, facts and concepts
+
+
+def searchable(text: str) -> str:
+    """Text as the index holds it: NFKC-normalised, CJK runs spelled as bigrams."""
+    return _CJK_RUN.sub(_indexed_run, unicodedata.normalize("NFKC", text))
+
+
+def _indexed_run(run: re.Match[str]) -> str:
+    chars = run[0]
+    return " " + " ".join([*_bigrams(chars), chars[-1]]) + " "
+
+
+def _bigrams(chars: str) -> list[str]:
+    return [chars[i : i + 2] for i in range(len(chars) - 1)]
+
+
+def match_expression(query: str) -> str | None:
+    """An FTS5 MATCH expression that requires every word and "quoted phrase" of `query`,
+    or None when the query holds no word at all.
+
+    User text never reaches FTS5's query syntax: each word or phrase becomes an FTS5 string
+    (operators, column names, `*`, `:` and punctuation inside it are plain text, which the
+    tokenizer splits as it split the indexed text), joined with AND. A word ending in `*` is
+    a prefix.
+    """
+    phrases: list[str] = []
+    for term in _TERM.finditer(_clean(query)):
+        if term[1] is not None:
+            phrases += _phrases(term[1])
+            continue
+        for word in term[2].split(":"):  # `title:foo` is two words, not an FTS5 column filter
+            if word not in _CONNECTIVES:
+                phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
+    return " AND ".join(phrases) or None
+
+
+def _clean(query: str) -> str:
+    # Control and format characters would end an FTS5 string early (NUL) or match nothing.
+    text = unicodedata.normalize("NFKC", query)
+    return "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Cn") else c for c in text)
+
+
+def _phrases(term: str, prefix: bool = False) -> list[str]:
+    """One word or phrase as FTS5 strings that must all match. A CJK run becomes its bigrams
+    (plus its last character when more words follow, as in the index); a lone CJK character
+    ends a string as a prefix, since the index holds it only at the start of a token."""
+    phrases: list[str | None] = []
+    parts: list[str] = []
+    position = 0
+    for run in _CJK_RUN.finditer(term):
+        parts.append(term[position : run.start()])
+        position = run.end()
+        chars = run[0]
+        if len(chars) == 1:
+            phrases.append(_fts_string([*parts, chars], prefix=True))
+            parts = []
+        else:
+            parts += _bigrams(chars)
+            if _has_word(term[position:]):
+                parts.append(chars[-1])
+    parts.append(term[position:])
+    phrases.append(_fts_string(parts, prefix))
+    return [phrase for phrase in phrases if phrase]
+
+
+def _fts_string(parts: Sequence[str], prefix: bool) -> str | None:
+    text = " ".join(part for part in parts if part)
+    if not _has_word(text):
+        return None  # only punctuation: nothing to look for
+    return '"' + text.replace('"', '""') + '"' + ("*" if prefix else "")
+
+
+def _has_word(text: str) -> bool:
+    return any(unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "Co" for c in text)
+
+
+# --- the query side ----------------------------------------------------------------------
+
+_INDEX_COLUMNS = "o.id, o.title, o.type, o.project, o.created_at_epoch, o.agent, o.visibility"
+_FULL_COLUMNS = (
+    "o.id, o.title, o.text, o.type, o.project, o.memory_session_id, o.facts, o.concepts,"
+    " o.agent, o.department, o.visibility, o.created_at_epoch, o.extra"
+)
+_FULL_NAMES = tuple(column.strip().removeprefix("o.") for column in _FULL_COLUMNS.split(","))
+_JSON_FIELDS = frozenset({"facts", "concepts"})
+# Who sees what; anything else (an unknown visibility) is seen by nobody.
+_VISIBLE = (
+    "(o.visibility IN ('public', 'project')"
+    " OR (o.visibility = 'department' AND o.department = :viewer_department)"
+    " OR (o.visibility = 'private' AND o.agent = :viewer_agent))"
+)
+_NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
+_OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
+_BEST_FIRST = f"bm25(observations_fts, {_BM25_WEIGHTS}), o.id DESC"
+# CROSS JOIN keeps the word index in the outer loop: a filter's index (project, time) would
+# otherwise tempt the planner into probing the word index once per row of the filter.
+_FTS_SOURCE = "observations_fts CROSS JOIN observations o ON o.id = observations_fts.rowid"
+
+
+class _Where:
+    """SQL conditions and their parameters, always starting with what the viewer may see."""
+
+    def __init__(self, viewer: Caller) -> None:
+        self.conditions = [_VISIBLE]
+        self.params: dict[str, Any] = {"viewer_agent": viewer.agent, "viewer_department": viewer.department}
+
+    def add(self, condition: str, **params: Any) -> None:
+        self.conditions.append(condition)
+        self.params.update(params)
+
+    def sql(self) -> str:
+        return " AND ".join(self.conditions)
+
+
+def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> _Where:
+    where = _Where(viewer)
+    if query.project is not None:
+        where.add("o.project = :project", project=query.project)
+    if query.types:
+        names = {f"type{i}": name for i, name in enumerate(query.types)}
+        where.add(f"o.type IN ({', '.join(':' + key for key in names)})", **names)
+    if dates and query.start_ms is not None:
+        where.add("o.created_at_epoch >= :start_ms", start_ms=query.start_ms)
+    if dates and query.end_ms is not None:
+        where.add("o.created_at_epoch <= :end_ms", end_ms=query.end_ms)
+    return where
+
+
+def _matching(query: SearchQuery, viewer: Caller) -> _Where | None:
+    """The conditions of a search with words, or None when its words can match nothing."""
+    match = match_expression(query.text or "")
+    if match is None:
+        return None
+    where = _search_where(query, viewer)
+    where.add("observations_fts MATCH :match", match=match)
+    return where
+
+
+def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> SearchPage:
+    """One page of the observations `viewer` may see that match `query`, and their total."""
+    if query.text is None:
+        results, total = _list(conn, query, viewer)
+    elif (where := _matching(query, viewer)) is None:
+        results, total = [], 0
+    else:
+        order = _BEST_FIRST if query.order_by == "relevance" else _date_order(query)
+        results = _page(conn, _FTS_SOURCE, where, order, query)
+        total = len(results) if _whole(results, query) else _count(conn, _FTS_SOURCE, where)
+    return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
+
+
+def _list(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow], int]:
+    """Filters only, by date: walks a time index, so it stops as soon as the page is full."""
+    results = _page(conn, "observations o", _search_where(query, viewer), _date_order(query), query)
+    if _whole(results, query):
+        return results, len(results)
+    if query.start_ms is None and query.end_ms is None:
+        tallies = _search_where(query, viewer, dates=False)
+        sql = f"SELECT coalesce(sum(o.n), 0) FROM observation_tallies o WHERE {tallies.sql()}"
+        return results, int(conn.execute(sql, tallies.params).fetchone()[0])
+    return results, _count(conn, "observations o", _search_where(query, viewer))
+
+
+def _count(conn: sqlite3.Connection, source: str, where: _Where) -> int:
+    return int(conn.execute(f"SELECT count(*) FROM {source} WHERE {where.sql()}", where.params).fetchone()[0])
+
+
+def _date_order(query: SearchQuery) -> str:
+    return _OLDEST_FIRST if query.order_by == "date_asc" else _NEWEST_FIRST
+
+
+def _page(
+    conn: sqlite3.Connection, source: str, where: _Where, order: str, query: SearchQuery
+) -> list[IndexRow]:
+    rows = conn.execute(
+        f"SELECT {_INDEX_COLUMNS} FROM {source} WHERE {where.sql()} ORDER BY {order}"
+        " LIMIT :limit OFFSET :offset",
+        where.params | {"limit": query.limit, "offset": query.offset},
+    )
+    return [IndexRow(*row) for row in rows]
+
+
+def _whole(results: list[IndexRow], query: SearchQuery) -> bool:
+    """The first page, not full: it holds every match, so there is nothing left to count."""
+    return query.offset == 0 and len(results) < query.limit
+
+
+def timeline_sync(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> TimelinePage:
+    """The anchor and up to `depth_before`/`depth_after` observations around it, in time order."""
+    anchor = _anchor(conn, query, viewer)
+    if anchor is None:
+        wanted = f"observation {query.anchor}" if query.anchor is not None else f"match for {query.text!r}"
+        return TimelinePage(anchor=None, results=[], message=f"No {wanted} found")
+    where = _Where(viewer)
+    if query.project is not None:
+        where.add("o.project = :project", project=query.project)
+    where.params |= {"at": anchor.created_at_epoch, "id": anchor.id}
+    before = conn.execute(
+        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f" AND (o.created_at_epoch, o.id) < (:at, :id) ORDER BY {_NEWEST_FIRST} LIMIT :n",
+        where.params | {"n": query.depth_before},
+    ).fetchall()
+    after = conn.execute(
+        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f" AND (o.created_at_epoch, o.id) > (:at, :id) ORDER BY {_OLDEST_FIRST} LIMIT :n",
+        where.params | {"n": query.depth_after},
+    ).fetchall()
+    rows = [*(IndexRow(*row) for row in reversed(before)), anchor, *(IndexRow(*row) for row in after)]
+    return TimelinePage(anchor=anchor.id, results=rows)
+
+
+def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> IndexRow | None:
+    if query.anchor is not None:
+        where = _Where(viewer)
+        where.add("o.id = :anchor", anchor=query.anchor)
+        row = conn.execute(f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+        found = row.fetchone()
+        return IndexRow(*found) if found else None
+    best = SearchQuery(text=query.text, limit=1, project=query.project)
+    where = _matching(best, viewer)
+    found = _page(conn, _FTS_SOURCE, where, _BEST_FIRST, best) if where else []
+    return found[0] if found else None
+
+
+def get_observations_sync(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> Observations:
+    """Full records of `ids` the viewer may see, in the order asked; the rest as missing."""
+    wanted = list(dict.fromkeys(ids))
+    where = _Where(viewer)
+    where.add("o.id IN (SELECT value FROM json_each(:ids))", ids=_json.encode(wanted).decode())
+    rows = conn.execute(f"SELECT {_FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    found = {record["id"]: record for record in map(_full_record, rows)}
+    return Observations(
+        observations=[found[i] for i in wanted if i in found],
+        missing=[i for i in wanted if i not in found],
+    )
+
+
+def _full_record(row: tuple[Any, ...]) -> dict[str, Any]:
+    record = dict(zip(_FULL_NAMES, row, strict=True))
+    for name in _JSON_FIELDS:
+        record[name] = _decode(record[name])
+    extra: dict[str, Any] = _decode(record.pop("extra"))
+    # Extra fields sit beside the named ones, but never replace them.
+    return record | {key: value for key, value in extra.items() if key not in record}
+
+
+def _read(work: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    """`work` inside one read transaction, so a page and its total see the same snapshot."""
+
+    def run(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN")
+        try:
+            return work(conn)
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    return run
 
 
 class SqliteMemoryStore:
-    """`handlers.ports.MemoryStore` over the journal's observation tables."""
+    """`handlers.ports.MemoryStore` over the journal's observation tables, off the event loop."""
 
     def __init__(self, journal: SqliteJournal) -> None:
         self._journal = journal
 
-    async def search(self, command: SearchObservations, viewer: Caller) -> dict[str, Any]:
-        raise Fault("search is being built")
+    async def search(self, query: SearchQuery, viewer: Caller) -> SearchPage:
+        return await self._journal.run(_read(lambda conn: search_sync(conn, query, viewer)))
 
-    async def timeline(self, command: Timeline, viewer: Caller) -> dict[str, Any]:
-        raise Fault("timeline is being built")
+    async def timeline(self, query: TimelineQuery, viewer: Caller) -> TimelinePage:
+        return await self._journal.run(_read(lambda conn: timeline_sync(conn, query, viewer)))
 
-    async def get_observations(self, ids: list[int], viewer: Caller) -> dict[str, Any]:
-        raise Fault("get_observations is being built")
+    async def get_observations(self, ids: list[int], viewer: Caller) -> Observations:
+        return await self._journal.run(_read(lambda conn: get_observations_sync(conn, ids, viewer)))
