@@ -137,8 +137,25 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 # (event type, stored version) -> function turning that version's data into the next version's.
+#
+# How an event type's schema grows:
+# - a new field with a default: nothing else to do; msgspec fills the default for old events;
+# - anything else (a rename, a new required field, a changed meaning): raise the type's
+#   `version` and register an upcaster from the previous version with `@upcaster`.
+# Stored events are never rewritten: they are upcast every time they are read.
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def upcaster(type_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register a function that upgrades `type_name` data from `from_version` to the next."""
+
+    def register(function: Upcaster) -> Upcaster:
+        UPCASTERS[(type_name, from_version)] = function
+        return function
+
+    return register
+
 
 _encoder = msgspec.json.Encoder()
 
@@ -149,13 +166,19 @@ def encode_event_data(event: Event) -> bytes:
 
 
 def decode_event(type_name: str, version: int, data: bytes | str) -> Event:
-    """A stored event as its current Struct, upcasting older versions on the way."""
+    """A stored event as its current Struct, upcasting older versions on the way.
+
+    Raises ValueError for an unknown type or a missing upcaster, and `msgspec.ValidationError`
+    for data that does not fit the type."""
     cls = EVENT_TYPES.get(type_name)
     if cls is None:
         raise ValueError(f"unknown event type {type_name!r}")
     fields: dict[str, Any] = msgspec.json.decode(data)
     while version < cls.version:
-        fields = UPCASTERS[(type_name, version)](fields)
+        step = UPCASTERS.get((type_name, version))
+        if step is None:
+            raise ValueError(f"no upcaster for {type_name} from version {version} to {version + 1}")
+        fields = step(dict(fields))
         version += 1
     fields["event"] = type_name
     return msgspec.convert(fields, cls)
