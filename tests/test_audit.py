@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -204,3 +209,52 @@ def test_audit_leaves_the_journal_as_it_was(session: EditorSession, tmp_path: Pa
     after = journal.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db"]  # no -wal or -shm left behind
+
+
+# --- journal/SCHEMA.md: the documented views and example queries ---------------------------
+
+SCHEMA_DOC = Path(__file__).resolve().parent.parent / "journal" / "SCHEMA.md"
+SQLITE_UTILS = Path(sys.executable).with_name("sqlite-utils")
+
+
+def doc_examples() -> list[str]:
+    return re.findall(r"```sql\n(.*?)```", SCHEMA_DOC.read_text(), re.DOTALL)
+
+
+def sqlite_utils_query(journal: Path, sql: str, **params: str) -> list[dict]:
+    args = [str(SQLITE_UTILS), "query", str(journal), sql]
+    for name, value in params.items():
+        args += ["-p", name, value]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_schema_doc_examples_run_in_sqlite_utils(session: EditorSession, tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    shutil.copy2(session.journal, journal)
+    went_wrong, story, per_tool, discarded = doc_examples()
+    assert {row["status"] for row in sqlite_utils_query(journal, went_wrong)} == {"rejected", "failed"}
+    a = os.path.realpath(session.files["a.txt"])
+    rows = sqlite_utils_query(journal, story, path=a)
+    assert [(row["event_type"], row["agent"], row["disk_changed"]) for row in rows] == [
+        ("DocumentSaved", "reviewer", 1),
+        ("DocumentSaved", "writer", 0),
+    ]
+    assert rows[-1]["recoverable_bytes"] == len("alpha 1\n")
+    calls = {(row["tool"], row["status"]): row["calls"] for row in sqlite_utils_query(journal, per_tool)}
+    assert calls[("saveDocument", "ok")] == 4 and calls[("saveDocument", "rejected")] == 1
+    [row] = sqlite_utils_query(journal, discarded)
+    assert (row["discarded_text"], row["agent"]) == ("bravo unsaved\n", "writer")
+
+
+def test_schema_doc_names_every_column_of_the_views(session: EditorSession) -> None:
+    text = SCHEMA_DOC.read_text()
+    conn = sqlite3.connect(f"file:{session.journal}?mode=ro", uri=True)
+    try:
+        for view in ("audit_log", "file_history"):
+            section = text.split(f"### `{view}`", 1)[1].split("###", 1)[0]
+            columns = [row[1] for row in conn.execute(f"PRAGMA table_info({view})")]
+            assert columns and all(f"`{column}`" in section for column in columns), (view, columns)
+    finally:
+        conn.close()
