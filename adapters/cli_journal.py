@@ -178,7 +178,7 @@ def run_audit(args: argparse.Namespace, settings: Settings) -> int:
     query = audit_query(args)
     with _reading(settings) as conn:
         entries = audit(conn, query)
-        shown = _json_lines(entries) if args.json else _print_audit_table(entries)
+        shown = _json_lines(entries) if args.json else print_audit_table(entries)
     if not args.json:
         if shown == 0:
             print("no commands match", file=sys.stderr)
@@ -187,7 +187,7 @@ def run_audit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _print_audit_table(entries: Iterable[AuditEntry]) -> int:
+def print_audit_table(entries: Iterable[AuditEntry]) -> int:
     rows = [
         [
             clock(entry.received_at),
@@ -296,25 +296,28 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
 
     limit = parse_limit(args.limit)
     with _reading(settings) as conn:
-        entries = history(conn, args.path, limit)
-    if args.json:
-        _json_lines(entries)
-        return 0
-    path = os.path.abspath(os.path.expanduser(args.path))
+        if args.json:
+            _json_lines(history(conn, args.path, limit))
+        else:
+            print_history(conn, args.path, limit)
+    return 0
+
+
+def print_history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> None:
+    from journal.audit import history
+
+    entries = history(conn, path, limit)
+    shown = os.path.abspath(os.path.expanduser(path))
     if not entries:
-        print(f"{path}: no saves or closes in the journal", file=sys.stderr)
-        return 0
-    print(f"{path}: {len(entries)} event{'s' if len(entries) != 1 else ''}, newest first")
-    print(
-        table(
-            ["EVENT", "TIME (UTC)", "BY", "WHAT HAPPENED", "RECOVERABLE"], [_history_row(e) for e in entries]
-        )
-    )
+        print(f"{shown}: no saves or closes in the journal", file=sys.stderr)
+        return
+    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}, newest first")
+    rows = [_history_row(entry) for entry in entries]
+    print(table(["EVENT", "TIME (UTC)", "BY", "WHAT HAPPENED", "RECOVERABLE"], rows))
     if any(_recoverable_words(entry.event) != "-" for entry in entries):
         print(
             "\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file."
         )
-    return 0
 
 
 def _history_row(entry: HistoryEntry) -> list[str]:

