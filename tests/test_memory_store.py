@@ -1,0 +1,257 @@
+"""The memory store without a server: the query builder, argument interpretation, and the
+store's SQL over a real journal file whose events (and their times) the test chooses."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
+from handlers.memory import epoch_ms, observation_types
+from handlers.ports import SearchQuery, TimelineQuery
+from journal import SqliteJournal
+from journal.memory import (
+    apply_observation,
+    get_observations_sync,
+    match_expression,
+    reset_memory_tables,
+    search_sync,
+    searchable,
+    timeline_sync,
+)
+
+DAY_MS = 86_400_000
+JAN_1 = 1_735_689_600_000  # 2025-01-01T00:00:00Z
+ANYONE = Caller(agent="reader", department="elsewhere")
+
+# --- the query builder ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "expression"),
+    [
+        ("hello world", '"hello" AND "world"'),
+        ('"quoted phrase" x', '"quoted phrase" AND "x"'),
+        ("full-text", '"full-text"'),
+        ('a AND b OR NEAR c "unbalanced', '"a" AND "b" AND "c" AND "unbalanced"'),
+        ("and or near", '"and" AND "or" AND "near"'),  # only capitals are connectives
+        ("title:foo", '"title" AND "foo"'),
+        ("optim*", '"optim"*'),
+        ("数据库", '"数据 据库"'),
+        ("库", '"库"*'),
+        ("Python数据库", '"Python 数据 据库"'),
+        ("数据库Python", '"数据 据库 库 Python"'),
+        ("데이터", '"데이 이터"'),
+        ("ｄａｔａ", '"data"'),
+        ("x\x00y", '"x" AND "y"'),
+        ("", None),
+        ("***", None),
+        ('""" - :', None),
+    ],
+)
+def test_queries_become_quoted_fts5_strings(query: str, expression: str | None) -> None:
+    assert match_expression(query) == expression
+
+
+def test_cjk_runs_are_indexed_as_bigrams_and_their_last_character() -> None:
+    assert searchable("用Python的数据库。") == " 用 Python 的数 数据 据库 库 。"
+    assert searchable("데이터 ok") == " 데이 이터 터  ok"
+
+
+@pytest.fixture(scope="module")
+def fts() -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(a, content='', tokenize='unicode61 remove_diacritics 2')")
+    conn.execute("INSERT INTO t (rowid, a) VALUES (1, ?)", (searchable("some text 数据库 with words"),))
+    yield conn
+    conn.close()
+
+
+# Characters that have meant trouble for FTS5 queries: its syntax, quotes, controls, and scripts
+# whose tokens it splits differently.
+_TROUBLE = [
+    *"\"'*:^-+()[]{},.;!?/\\ \t\nxyz0123456789",
+    *("AND", "OR", "NOT", "NEAR", "NEAR(", "\x00", "\u200b", "\ue000", "\u0301"),
+    *("é", "ﬁ", "数", "据", "库", "か", "ー", "・", "한", "🙂"),
+]
+
+
+def test_no_query_is_an_fts5_error(fts: sqlite3.Connection) -> None:
+    draw = random.Random(4).choice
+    for _ in range(3000):
+        query = "".join(draw(_TROUBLE) for _ in range(draw(range(1, 16))))
+        expression = match_expression(query)
+        if expression is not None:
+            fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (expression,)).fetchall()
+
+
+@pytest.mark.parametrize(
+    "text", ["数据库连接池", "データベース接続の設定", "데이터베이스", "東京タワーへ行く"]
+)
+def test_every_cjk_substring_of_two_or_more_characters_finds_its_text(text: str) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(a, content='', tokenize='unicode61 remove_diacritics 2')")
+    conn.execute("INSERT INTO t (rowid, a) VALUES (1, ?)", (searchable(f"x {text}, y"),))
+    for start in range(len(text)):
+        for end in range(start + 1, len(text) + 1):
+            expression = match_expression(text[start:end])
+            found = conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (expression,)).fetchall()
+            assert found == [(1,)], text[start:end]
+
+
+# --- interpreting arguments -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "end_of_day", "expected"),
+    [
+        (None, False, None),
+        (JAN_1, False, JAN_1),
+        (str(JAN_1), True, JAN_1),
+        ("2025-01-01", False, JAN_1),
+        ("2025-01-01", True, JAN_1 + DAY_MS - 1),  # a bare end date includes its whole day
+        ("2025-01-01T00:00:01Z", True, JAN_1 + 1000),
+        ("2025-01-01T00:00:00.5", False, JAN_1 + 500),  # no zone: UTC
+        ("2025-01-01T02:00:00+02:00", False, JAN_1),
+    ],
+)
+def test_dates_are_iso_or_epoch_milliseconds(
+    value: str | int | None, end_of_day: bool, expected: int
+) -> None:
+    assert epoch_ms("search", "dateEnd", value, end_of_day=end_of_day) == expected
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2025-13-01", "01/02/2025", ""])
+def test_a_date_that_is_neither_is_invalid(value: str) -> None:
+    with pytest.raises(InvalidArguments, match="dateStart: expected an ISO date"):
+        epoch_ms("search", "dateStart", value, end_of_day=False)
+
+
+def test_types_are_one_or_a_comma_list_of_known_types() -> None:
+    assert observation_types("search", None) == ()
+    assert observation_types("search", " bugfix , feature,bugfix,") == ("bugfix", "feature")
+    with pytest.raises(InvalidArguments, match="type: expected one or a comma list of decision, bugfix"):
+        observation_types("search", "bugfix,idea")
+
+
+# --- the store over a journal whose events the test writes ----------------------------------
+
+
+class Memory:
+    """A journal file with observations appended directly, at the times a test chooses."""
+
+    def __init__(self, path: Path) -> None:
+        self.journal = SqliteJournal(path)
+        self._record = CommandRecord(tool="save", arguments={}, caller=Caller(), received_ns=0)
+
+    def add(self, title: str, at: int, **fields: Any) -> int:
+        defaults: dict[str, Any] = {
+            "text": title,
+            "type": "discovery",
+            "project": "p",
+            "memory_session_id": "s",
+            "facts": [],
+            "concepts": [],
+            "agent": "writer",
+            "department": "d",
+            "visibility": "public",
+        }
+        event = ObservationSaved(title=title, created_at_epoch=at, **(defaults | fields))
+        [position] = self.journal.run_sync(
+            lambda conn: self.journal.finish_sync(conn, self._record, None, "ok", events=[event])
+        )
+        return position
+
+    def search(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
+        page = self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer))
+        return [row.id for row in page.results]
+
+    def total(self, viewer: Caller = ANYONE, **query: Any) -> int:
+        return self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer)).total
+
+    def timeline(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
+        page = self.journal.run_sync(lambda conn: timeline_sync(conn, TimelineQuery(**query), viewer))
+        return [row.id for row in page.results]
+
+
+@pytest.fixture
+def memory(tmp_path: Path) -> Iterator[Memory]:
+    store = Memory(tmp_path / "journal.db")
+    yield store
+    store.journal.close()
+
+
+def test_date_bounds_are_inclusive(memory: Memory) -> None:
+    before, start, inside, end, after = (memory.add(f"n{i}", JAN_1 + i * DAY_MS) for i in range(-1, 4))
+    window = {"start_ms": JAN_1, "end_ms": JAN_1 + 2 * DAY_MS}
+    assert memory.search(order_by="date_asc", **window) == [start, inside, end]
+    assert memory.search(text="n0 OR n1 OR n2", order_by="date_asc", **window) == []  # all words must match
+    assert memory.search(text="n1", **window) == [inside]
+    assert memory.total(limit=1, **window) == 3
+    assert memory.total(limit=1) == 5
+    assert memory.search(end_ms=JAN_1 - 1) == [before]
+    assert memory.search(start_ms=JAN_1 + 3 * DAY_MS) == [after]
+
+
+def test_timeline_orders_by_time_then_id_even_when_times_are_equal(memory: Memory) -> None:
+    late = memory.add("late", JAN_1 + 10)
+    same = [memory.add(f"same {i}", JAN_1) for i in range(3)]
+    early = memory.add("early", JAN_1 - 10)
+    assert memory.search(order_by="date_asc") == [early, *same, late]
+    assert memory.timeline(anchor=same[1], depth_before=2, depth_after=2) == [early, *same, late]
+    assert memory.timeline(anchor=same[1], depth_before=1, depth_after=1) == same
+
+
+def test_an_unknown_visibility_is_seen_by_nobody(memory: Memory) -> None:
+    odd = memory.add("odd", JAN_1, visibility="team")
+    owner = Caller(agent="writer", department="d")
+    assert memory.search(owner) == []
+    assert memory.total(owner, limit=1) == 0
+    reply = memory.journal.run_sync(lambda conn: get_observations_sync(conn, [odd], owner))
+    assert reply.missing == [odd]
+
+
+def test_the_store_is_rebuilt_from_events_alone(memory: Memory) -> None:
+    for i, level in enumerate(["private", "department", "project", "public"] * 3):
+        memory.add(
+            f"note {i} 数据库",
+            JAN_1 + i,
+            visibility=level,
+            facts=[f"fact {i}"],
+            extra={"files_read": [f"/f{i}"]},
+        )
+    viewers = [ANYONE, Caller(agent="writer", department="d"), Caller(agent="x", department="d")]
+
+    def answers() -> list[Any]:
+        return [
+            (
+                memory.search(viewer, text="数据库 note"),
+                memory.search(viewer, limit=2, offset=1),
+                memory.total(viewer, limit=1),
+                memory.timeline(viewer, text="fact 5"),
+                memory.journal.run_sync(
+                    lambda conn, v=viewer: get_observations_sync(conn, list(range(14)), v)
+                ),
+            )
+            for viewer in viewers
+        ]
+
+    before = answers()
+
+    def rebuild(conn: sqlite3.Connection) -> None:
+        with SqliteJournal.transaction(conn):
+            reset_memory_tables(conn)
+            assert conn.execute("SELECT count(*) FROM observations").fetchone() == (0,)
+            events = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved'"
+            for position, version, data in conn.execute(events).fetchall():
+                event = decode_event("ObservationSaved", version, data)
+                assert isinstance(event, ObservationSaved)
+                apply_observation(conn, position, event)
+
+    memory.journal.run_sync(rebuild)
+    assert answers() == before
