@@ -60,7 +60,8 @@ _TABLES = (
         n INTEGER NOT NULL,
         PRIMARY KEY (project, type, visibility, department, agent)
     ) WITHOUT ROWID""",
-    # Contentless: rowid = observations.id; columns hold the searchable form of the text.
+    # Contentless: rowid = observations.id; the columns hold the searchable form of the title,
+    # the text, and the facts and concepts (`tags`), weighed in that order by `_BM25_WEIGHTS`.
     "CREATE VIRTUAL TABLE observations_fts USING fts5("
     " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
 )
@@ -123,7 +124,8 @@ def apply_observation(conn: sqlite3.Connection, position: int, event: Observatio
     )
     conn.execute(
         "INSERT INTO observation_tallies (project, type, visibility, department, agent, n)"
-        " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET n = n + 1",
+        " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (project, type, visibility, department, agent)"
+        " DO UPDATE SET n = n + 1",
         (event.project, event.type, event.visibility, event.department, event.agent),
     )
 
@@ -224,7 +226,13 @@ def _fts_string(parts: Sequence[str], prefix: bool) -> str | None:
 
 
 def _has_word(text: str) -> bool:
-    return any(unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "Co" for c in text)
+    """Whether unicode61 finds a token in `text`: it keeps letters, digits and private-use marks."""
+    return any(_is_token_char(c) for c in text)
+
+
+def _is_token_char(char: str) -> bool:
+    category = unicodedata.category(char)
+    return category[0] in "LN" or category == "Co"
 
 
 # --- the query side ----------------------------------------------------------------------
