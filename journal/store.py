@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import queue
 import sqlite3
@@ -40,6 +41,12 @@ PROJECTIONS: dict[type[Event], Projection] = {
 }
 
 _json = msgspec.json.Encoder()
+log = logging.getLogger("toolbus.journal")
+
+# Background checkpoints: how long after a commit, and the WAL size (in pages) at which a
+# commit checkpoints by itself because the background thread has not (SQLite's default: 1000).
+CHECKPOINT_DELAY = 0.05
+FALLBACK_CHECKPOINT_PAGES = 10_000
 
 
 def default_journal_path() -> Path:
@@ -76,6 +83,8 @@ class SqliteJournal:
         self._lock = threading.Lock()
         self._conn = self._open(create, synchronous)
         self._worker: _Worker | None = None
+        self._checkpointer = _Checkpointer(path, synchronous)
+        self._changes = self._conn.total_changes
 
     # --- opening ----------------------------------------------------------------------
 
@@ -88,15 +97,24 @@ class SqliteJournal:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
+        except sqlite3.DatabaseError as error:
+            raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+        try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             check_identity(conn)  # before WAL mode, which would change a stranger's file
             if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
                 raise JournalUnavailable(f"the journal at {self.path} cannot use WAL mode")
             conn.execute(f"PRAGMA synchronous = {synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
+            # Checkpoints run on their own thread (`_Checkpointer`); a commit checkpoints only
+            # if that thread has fallen far behind.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_CHECKPOINT_PAGES}")
             migrate(conn)
-        except sqlite3.DatabaseError as error:
-            raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+        except BaseException as error:
+            conn.close()
+            if isinstance(error, sqlite3.DatabaseError):
+                raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+            raise
         return conn
 
     def _create_file(self) -> None:
@@ -112,6 +130,7 @@ class SqliteJournal:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.stop()
+        self._checkpointer.stop()
         with self._lock:
             self._conn.close()
 
@@ -124,6 +143,10 @@ class SqliteJournal:
                 return work(self._conn)
             except sqlite3.DatabaseError as error:
                 raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+            finally:
+                if self._conn.total_changes != self._changes:
+                    self._changes = self._conn.total_changes
+                    self._checkpointer.nudge()
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """`run_sync` on the journal's own thread: SQLite never blocks the event loop.
@@ -251,6 +274,54 @@ def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at
     if projection := PROJECTIONS.get(type(event)):
         projection(conn, position, event)
     return position
+
+
+class _Checkpointer:
+    """Copies committed pages from the WAL into the database file, on its own connection and
+    thread, a little after writes happen. A PASSIVE checkpoint never blocks writers, so no
+    tool call's commit waits for one; and batching them copies each hot page once."""
+
+    def __init__(self, path: Path, synchronous: Synchronous) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def nudge(self) -> None:
+        """Something was committed: checkpoint soon."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="toolbus-checkpoint", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _serve(self) -> None:
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error:
+            log.warning("no background checkpoints for %s: commits will checkpoint", self._path)
+            return
+        try:
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            while not self._stopping:
+                self._wake.wait()
+                time.sleep(CHECKPOINT_DELAY)  # let a burst of commits finish first
+                self._wake.clear()
+                self._checkpoint(conn)
+        finally:
+            conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:  # another process is checkpointing, or the disk is unhappy: next time
+            log.debug("background checkpoint of %s failed", self._path, exc_info=True)
 
 
 class _Worker:

@@ -8,6 +8,7 @@ Every read has a deadline: nothing here can hang.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -176,10 +177,8 @@ class StdioServer:
     def close(self, timeout: float = 10) -> int | None:
         """Close stdin (the MCP way to stop a stdio server) and wait; kill if it lingers."""
         if self.process.stdin and not self.process.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.process.stdin.close()
-            except OSError:
-                pass
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
