@@ -1,0 +1,1 @@
+"""toolbus benchmarks, each figure measured side by side with its baseline: `python -m tests.bench`."""

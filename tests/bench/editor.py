@@ -1,0 +1,193 @@
+"""Editor figures: tool round trips over stdio, and the Neovim part of a call.
+
+Round trips: `toolbus serve` (durable journal, a real headless Neovim) and a bare `mcp`
+low-level server with a no-op tool run side by side; each iteration makes one call of each
+kind, in a rotating order, so both see the same machine at the same moment.
+
+The Neovim part: toolbus's `NvimEditor` awaited from an event loop, against the same Lua
+request made with pynvim directly on a worker thread (timed inside that thread: the bare cost
+of the request), alternating call by call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.bench.context import Context
+from tests.bench.report import Figure
+from tests.bench.stats import difference_over_rounds, ms, over_rounds, p50, p99, ratio_over_rounds
+from tests.rpc_client import StdioServer
+
+WARMUP = 30
+Samples = list[list[float]]
+
+
+def run(ctx: Context) -> None:
+    round_trips(ctx)
+    nvim_part(ctx)
+
+
+# --- round trips over stdio ---------------------------------------------------------------
+
+
+def round_trips(ctx: Context) -> None:
+    options = ctx.options
+    path = ctx.open_file("round_trip.py", "print('hello')\n")
+    calls: dict[str, tuple[str, dict[str, Any]]] = {
+        "noop": ("noop", {"filePath": str(path)}),
+        "checkDocumentDirty": ("checkDocumentDirty", {"filePath": str(path)}),
+        "saveDocument": ("saveDocument", {"filePath": str(path)}),
+    }
+    samples: dict[str, Samples] = {name: [] for name in calls}
+    with ctx.toolbus(ctx.scratch / "round_trip.db") as toolbus, ctx.noop_server() as noop:
+        toolbus.initialize()
+        noop.initialize()
+        servers = {"noop": noop, "checkDocumentDirty": toolbus, "saveDocument": toolbus}
+        order = list(calls)
+        for _ in range(WARMUP):
+            for name in order:
+                _timed_call(servers[name], *calls[name])
+        for _ in range(options.rounds):
+            rounds = {name: list[float]() for name in calls}
+            for index in range(options.calls):
+                shift = index % len(order)
+                for name in order[shift:] + order[:shift]:
+                    rounds[name].append(_timed_call(servers[name], *calls[name]))
+            for name, values in rounds.items():
+                samples[name].append(values)
+    _report_round_trips(ctx, samples)
+
+
+def _timed_call(server: StdioServer, tool: str, arguments: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    result = server.call_tool(tool, arguments, deadline=30)
+    elapsed = time.perf_counter() - started
+    if result.get("isError"):
+        raise RuntimeError(f"{tool} failed during the benchmark: {result}")
+    return elapsed
+
+
+def _latency(samples: Samples) -> dict[str, float]:
+    return {"p50_ms": ms(over_rounds(samples, p50)), "p99_ms": ms(over_rounds(samples, p99))}
+
+
+def _report_round_trips(ctx: Context, samples: dict[str, Samples]) -> None:
+    noop = _latency(samples["noop"])
+    dirty = _latency(samples["checkDocumentDirty"])
+    ratio = ratio_over_rounds(samples["checkDocumentDirty"], samples["noop"])
+    ctx.report.add(
+        Figure(
+            key="editor.checkDocumentDirty_round_trip",
+            summary=f"p50 {dirty['p50_ms']:.3f} ms vs no-op {noop['p50_ms']:.3f} ms: ratio {ratio:.2f}"
+            f" (p99 {dirty['p99_ms']:.2f} vs {noop['p99_ms']:.2f} ms)",
+            target="p50 ratio <= 1.25",
+            met=ratio <= 1.25,
+            measured=dirty | {"p50_ratio": ratio},
+            baseline=noop,
+        )
+    )
+    save = _latency(samples["saveDocument"])
+    extra = difference_over_rounds(samples["saveDocument"], samples["noop"])
+    ctx.report.add(
+        Figure(
+            key="editor.saveDocument_round_trip",
+            summary=f"p50 {save['p50_ms']:.3f} ms = no-op + {ms(extra):.3f} ms (p99 {save['p99_ms']:.2f} ms)",
+            target="p50 <= no-op + 1.5 ms",
+            met=extra <= 0.0015,
+            measured=save | {"p50_minus_noop_ms": ms(extra), "journal_sync": "FULL"},
+            baseline=noop,
+        )
+    )
+
+
+# --- the Neovim part of a call --------------------------------------------------------------
+
+
+class RawNvim:
+    """pynvim on its own worker thread, timing each request inside that thread."""
+
+    def __init__(self, address: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], Any], queue.SimpleQueue[float]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._address = address
+        threading.Thread(target=self._serve, name="bench-raw-pynvim", daemon=True).start()
+
+    def _serve(self) -> None:
+        from adapters.nvim import attach
+
+        nvim = attach(self._address)
+        while (job := self._jobs.get()) is not None:
+            call, answer = job
+            started = time.perf_counter()
+            call(nvim)
+            answer.put(time.perf_counter() - started)
+        nvim.close()
+
+    def timed(self, call: Callable[[Any], Any]) -> float:
+        answer: queue.SimpleQueue[float] = queue.SimpleQueue()
+        self._jobs.put((call, answer))
+        return answer.get(timeout=30)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+
+def nvim_part(ctx: Context) -> None:
+    path = ctx.open_file("nvim_part.py", "x = 1\n")
+    samples = asyncio.run(_nvim_part_samples(ctx, path))
+    editor, raw = samples["editor"], samples["raw"]
+    ratio = ratio_over_rounds(editor, raw)
+    ctx.report.add(
+        Figure(
+            key="editor.nvim_part",
+            summary=f"NvimEditor.is_dirty p50 {ms(over_rounds(editor, p50)):.3f} ms vs raw pynvim "
+            f"{ms(over_rounds(raw, p50)):.3f} ms: ratio {ratio:.2f}",
+            target="ratio <= 1.5",
+            met=ratio <= 1.5,
+            measured={"p50_ms": ms(over_rounds(editor, p50)), "p99_ms": ms(over_rounds(editor, p99))},
+            baseline={"p50_ms": ms(over_rounds(raw, p50)), "p99_ms": ms(over_rounds(raw, p99))},
+            note="baseline: the same exec_lua request from a worker thread, timed in that thread",
+        )
+    )
+
+
+async def _nvim_part_samples(ctx: Context, path: Path) -> dict[str, Samples]:
+    from adapters.nvim import LUA_MODULE, NvimAddress, NvimEditor
+
+    address = ctx.nvim.address
+    editor = NvimEditor(lambda: NvimAddress(address, "bench"), timeout=10)
+    raw = RawNvim(address)
+    code = f"return _G[{LUA_MODULE!r}].dirty(...)"
+    target = str(path.resolve())
+
+    def raw_dirty(nvim: Any) -> None:
+        nvim.exec_lua(code, target)
+
+    async def timed_editor() -> float:
+        started = time.perf_counter()
+        await editor.is_dirty(target)
+        return time.perf_counter() - started
+
+    samples: dict[str, Samples] = {"editor": [], "raw": []}
+    try:
+        for _ in range(WARMUP):  # the first call also loads toolbus's Lua module into Neovim
+            await timed_editor()
+            raw.timed(raw_dirty)
+        for _ in range(ctx.options.rounds):
+            editor_round: list[float] = []
+            raw_round: list[float] = []
+            for _ in range(ctx.options.calls * 2):
+                editor_round.append(await timed_editor())
+                raw_round.append(raw.timed(raw_dirty))
+            samples["editor"].append(editor_round)
+            samples["raw"].append(raw_round)
+    finally:
+        raw.stop()
+        editor.disconnect()
+    return samples

@@ -1,0 +1,209 @@
+"""Journal append: toolbus's SQLite journal against the eventsourcing library's SQLite recorder.
+
+Both write the same payloads to their own file in one directory, with the same durability
+(WAL, `synchronous=FULL`), alternating block by block. A toolbus command is its commands row
+plus its event row (plus indexes); the eventsourcing recorder gets the same two JSON documents
+as two stored events of one originator (`same payloads`), and, as a stricter second baseline,
+only the event (`events only`). Rates are commands per second; each block's rate counts
+everything that happened in it, checkpoints included.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bus import Caller, CommandRecord, DocumentSaved
+from bus.events import encode_event_data
+from journal import SqliteJournal
+from journal.store import Outcome
+from tests.bench.context import Context
+from tests.bench.report import Figure
+from tests.bench.stats import median
+
+BATCH_SIZE = 100
+
+
+class EventsourcingRecorder:
+    """eventsourcing's `SQLiteApplicationRecorder`, its connections made durable (`FULL`)."""
+
+    def __init__(self, path: Path) -> None:
+        from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+
+        self.datastore = SQLiteDatastore(str(path), pool_size=1)
+        create = self.datastore.pool._create_connection
+
+        def durable_connection() -> Any:
+            connection = create()
+            connection._sqlite_conn.execute("PRAGMA synchronous = FULL")
+            return connection
+
+        self.datastore.pool._create_connection = durable_connection  # type: ignore[method-assign]
+        self.recorder = SQLiteApplicationRecorder(self.datastore)
+        self.recorder.create_table()
+        self.originator = uuid.uuid4()
+        self.version = 0
+
+    def synchronous(self) -> int:
+        with self.datastore.transaction(commit=False) as cursor:
+            cursor.execute("PRAGMA synchronous")
+            return int(cursor.fetchone()[0])
+
+    def insert(self, payloads: list[tuple[str, bytes]]) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        stored = []
+        for topic, state in payloads:
+            self.version += 1
+            stored.append(
+                StoredEvent(
+                    originator_id=self.originator, originator_version=self.version, topic=topic, state=state
+                )
+            )
+        self.recorder.insert_events(stored)
+
+    def close(self) -> None:
+        self.datastore.close()
+
+
+def _commands() -> Iterator[Outcome]:
+    """Editor saves over 50 files: the commonest mutating command."""
+    caller = Caller(agent="bench", department="bench", client_name="bench", session_id="s1")
+    index = 0
+    while True:
+        path = f"/home/dev/project/src/file{index % 50}.py"
+        record = CommandRecord(
+            tool="saveDocument", arguments={"filePath": path}, caller=caller, received_ns=time.time_ns()
+        )
+        event = DocumentSaved(
+            path=path,
+            written_blob=f"{index:064x}",
+            bytes_written=1000 + index % 500,
+            replaced_blob=f"{index + 1:064x}",
+            disk_changed=False,
+            reloaded=False,
+        )
+        yield Outcome(record, "ok", events=(event,))
+        index += 1
+
+
+_command_json = msgspec.json.Encoder()
+
+
+def _payloads(outcome: Outcome, *, with_command: bool) -> list[tuple[str, bytes]]:
+    """The documents toolbus stores for a command, as eventsourcing stored events."""
+    payloads = [(f"toolbus:{type(e).__name__}", encode_event_data(e)) for e in outcome.events]
+    if with_command:
+        command = _command_json.encode(
+            {
+                "tool": outcome.record.tool,
+                "arguments": outcome.record.arguments,
+                "caller": outcome.record.caller,
+                "received_ns": outcome.record.received_ns,
+                "status": outcome.status,
+            }
+        )
+        payloads.insert(0, ("toolbus:Command", command))
+    return payloads
+
+
+def _rate(count: int, block: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    block()
+    return count / (time.perf_counter() - started)
+
+
+def run(ctx: Context) -> None:
+    folder = ctx.scratch / "append"
+    folder.mkdir()
+    journal = SqliteJournal(folder / "toolbus.db", synchronous="FULL")
+    same = EventsourcingRecorder(folder / "eventsourcing-same.db")
+    events_only = EventsourcingRecorder(folder / "eventsourcing-events.db")
+    try:
+        durability = {
+            "toolbus_synchronous": journal.run_sync(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]),
+            "eventsourcing_synchronous": same.synchronous(),
+        }
+        per_block = max(ctx.options.calls // 2, 50)
+        for batch in (1, BATCH_SIZE):
+            rates = _measure(ctx, journal, same, events_only, batch, per_block)
+            _report(ctx, batch, rates, durability)
+    finally:
+        journal.close()
+        same.close()
+        events_only.close()
+
+
+def _measure(
+    ctx: Context,
+    journal: SqliteJournal,
+    same: EventsourcingRecorder,
+    events_only: EventsourcingRecorder,
+    batch: int,
+    transactions: int,
+) -> dict[str, list[float]]:
+    commands = _commands()
+    if batch > 1:
+        transactions = max(transactions // 10, 10)
+
+    def toolbus_block() -> None:
+        for _ in range(transactions):
+            outcomes = [next(commands) for _ in range(batch)]
+            journal.run_sync(lambda conn, outcomes=outcomes: journal.record_many_sync(conn, outcomes))
+
+    def recorder_block(recorder: EventsourcingRecorder, with_command: bool) -> Callable[[], None]:
+        def block() -> None:
+            for _ in range(transactions):
+                payloads = []
+                for _ in range(batch):
+                    payloads += _payloads(next(commands), with_command=with_command)
+                recorder.insert(payloads)
+
+        return block
+
+    blocks = {
+        "toolbus": toolbus_block,
+        "eventsourcing_same_payloads": recorder_block(same, True),
+        "eventsourcing_events_only": recorder_block(events_only, False),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in blocks}
+    order = list(blocks)
+    for name in order:  # warm-up: tables, caches, the first checkpoint
+        blocks[name]()
+    for round_index in range(ctx.options.rounds):
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            rates[name].append(_rate(transactions * batch, blocks[name]))
+    return rates
+
+
+def _report(ctx: Context, batch: int, rates: dict[str, list[float]], durability: dict[str, Any]) -> None:
+    toolbus = rates["toolbus"]
+    same = rates["eventsourcing_same_payloads"]
+    events_only = rates["eventsourcing_events_only"]
+    ratio_same = median([t / s for t, s in zip(toolbus, same, strict=True)])
+    ratio_events = median([t / s for t, s in zip(toolbus, events_only, strict=True)])
+    mode = "one command per transaction" if batch == 1 else f"{batch} commands per transaction"
+    ctx.report.add(
+        Figure(
+            key=f"journal.append_{'single' if batch == 1 else 'batched'}",
+            summary=f"{mode}: toolbus {median(toolbus):,.0f}/s vs eventsourcing {median(same):,.0f}/s "
+            f"(same payloads): ratio {ratio_same:.2f}; events only {median(events_only):,.0f}/s: "
+            f"ratio {ratio_events:.2f}",
+            target="ratio >= 1.0 (toolbus not slower)",
+            met=ratio_same >= 1.0,
+            measured={"commands_per_s": median(toolbus), "ratio_same_payloads": ratio_same}
+            | {"ratio_events_only": ratio_events, "commands_per_transaction": batch},
+            baseline={
+                "same_payloads_commands_per_s": median(same),
+                "events_only_commands_per_s": median(events_only),
+            }
+            | durability,
+            note="judged against the same payloads (command + event documents); events only is stricter",
+        )
+    )
