@@ -28,6 +28,7 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
 }
 _BATCH = 200
+_PROBE_CAP = 5000  # commands counted per filter when choosing which index to walk
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 _POSITION = re.compile(r"^@?(\d+)$")
@@ -163,7 +164,7 @@ def file_streams(path: str) -> tuple[str, ...]:
 
 def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     """Commands matching `query`, newest first, each with its events."""
-    sql, params = _command_sql(query)
+    sql, params = _command_sql(query, _driving_column(conn, query))
     cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
     seen: set[int] = set()
@@ -175,24 +176,55 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
             yield _entry(row, events.get(row["id"], []))
 
 
-def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
-    where: list[str] = []
-    params: list[Any] = []
-    for column, value in (
+def _equalities(query: AuditQuery) -> dict[str, str]:
+    """The equality filters, by the column of `commands` each has an index on (with received_at)."""
+    pairs = (
         ("tool", query.tool),
         ("status", query.status),
         ("session_id", query.session),
         ("agent", query.agent),
-    ):
-        if value is not None:
-            where.append(f"c.{column} = ?")
-            params.append(value)
+    )
+    return {column: value for column, value in pairs if value is not None}
+
+
+def _driving_column(conn: sqlite3.Connection, query: AuditQuery) -> str | None:
+    """Of several equality filters, the one matching fewest commands in the time window.
+
+    Without statistics SQLite picks one of the indexes blindly, and `--tool recover --status ok`
+    would walk every `ok` command. Counting (up to a cap) through each index is cheap: the
+    count reads the index alone."""
+    filters = _equalities(query)
+    if len(filters) < 2 or query.paths:
+        return None
+    window, bounds = _window(query)
+
+    def matches(column: str) -> int:
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM commands WHERE {column} = ?{window} LIMIT {_PROBE_CAP})"
+        return int(conn.execute(sql, [filters[column], *bounds]).fetchone()[0])
+
+    def tie_break(column: str) -> int:  # when counts hit the cap: sessions are short, failures rare
+        return 0 if column == "session_id" else 1 if column == "status" and filters[column] != "ok" else 2
+
+    return min(filters, key=lambda column: (matches(column), tie_break(column)))
+
+
+def _window(query: AuditQuery) -> tuple[str, list[str]]:
+    sql, bounds = "", []
     if query.since is not None:
-        where.append("c.received_at >= ?")
-        params.append(query.since)
+        sql, bounds = sql + " AND received_at >= ?", [*bounds, query.since]
     if query.until is not None:
-        where.append("c.received_at < ?")
-        params.append(query.until)
+        sql, bounds = sql + " AND received_at < ?", [*bounds, query.until]
+    return sql, bounds
+
+
+def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, list[Any]]:
+    filters = _equalities(query)
+    # `+column` keeps SQLite off that column's index, so it walks the driving one.
+    where = [f"{'+' if driving and column != driving else ''}c.{column} = ?" for column in filters]
+    params: list[Any] = list(filters.values())
+    window, bounds = _window(query)
+    where += [clause.replace("received_at", "c.received_at") for clause in window.split(" AND ")[1:]]
+    params += bounds
     if query.paths:
         # Walk the file's events (index on stream, position), never the whole command table.
         marks = ", ".join("?" * len(query.paths))

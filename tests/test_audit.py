@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from journal.audit import AuditQuery, _command_sql, _driving_column
+from journal.readonly import open_readonly
 from tests.journal_helpers import EditorSession, cli, record_editor_session
 
 JSON_FIELDS = {
@@ -209,6 +211,47 @@ def test_audit_leaves_the_journal_as_it_was(session: EditorSession, tmp_path: Pa
     after = journal.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db"]  # no -wal or -shm left behind
+
+
+# --- query plans: every filter walks an index in the order asked ------------------------------
+
+
+PLANNED = {
+    "none": AuditQuery(),
+    "tool": AuditQuery(tool="saveDocument"),
+    "status": AuditQuery(status="failed"),
+    "session": AuditQuery(session="s"),
+    "agent": AuditQuery(agent="writer"),
+    "window": AuditQuery(since="2026-01-01T00:00:00.000000Z", until="2027-01-01T00:00:00.000000Z"),
+    "tool and window": AuditQuery(tool="close_tab", since="2026-01-01T00:00:00.000000Z"),
+    "path": AuditQuery(paths=("file:/a",)),
+    "path and status": AuditQuery(paths=("file:/a",), status="ok"),
+    "rare tool and common status": AuditQuery(tool="close_tab", status="ok"),
+    "agent and tool": AuditQuery(agent="reviewer", tool="saveDocument"),
+}
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_audit_queries_walk_an_index_without_sorting(session: EditorSession, name: str) -> None:
+    query = PLANNED[name]
+    conn = open_readonly(session.journal)
+    try:
+        sql, params = _command_sql(query, _driving_column(conn, query))
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    finally:
+        conn.close()
+    assert plan[0].startswith("SEARCH") or "USING INDEX" in plan[0], plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+def test_of_two_filters_the_rarer_one_drives(session: EditorSession) -> None:
+    conn = open_readonly(session.journal)
+    try:
+        assert _driving_column(conn, AuditQuery(tool="close_tab", status="ok")) == "tool"
+        assert _driving_column(conn, AuditQuery(tool="saveDocument", status="rejected")) == "status"
+        assert _driving_column(conn, AuditQuery(tool="saveDocument")) is None
+    finally:
+        conn.close()
 
 
 # --- journal/SCHEMA.md: the documented views and example queries ---------------------------
