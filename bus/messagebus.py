@@ -134,11 +134,7 @@ class Bus:
             reply = await handler(command, context)
         except ToolbusError as error:
             if not context.committed:
-                # A timed-out change may still be carried out once Neovim is free: in doubt.
-                doubtful = command.mutates and isinstance(error, EditorTimeout)
-                await self._finish_failed(
-                    record, command_id, str(error), "in_doubt" if doubtful else "failed"
-                )
+                await self._finish_failed(record, command_id, str(error), _status_of(error, command))
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
@@ -158,6 +154,14 @@ class Bus:
             await self._journal.finish(record, command_id, status, error=message)
         except ToolbusError:
             log.exception("could not journal the failure of %s", record.tool)
+
+
+def _status_of(error: ToolbusError, command: Command) -> Status:
+    if isinstance(error, InvalidArguments):  # a handler's own argument check (dates, type lists)
+        return "rejected"
+    if command.mutates and isinstance(error, EditorTimeout):
+        return "in_doubt"  # a timed-out change may still be carried out once Neovim is free
+    return "failed"
 
 
 # --- argument decoding -----------------------------------------------------------------

@@ -294,7 +294,7 @@ async def test_search_finds_chinese_japanese_and_korean(journal_path: Path) -> N
         assert await found(client, "数据连接") == []  # not a substring of any text
 
 
-async def test_search_filters_pages_and_orders(journal_path: Path) -> None:
+async def test_search_filters_pages_and_orders(journal_path: Path, journal: JournalReader) -> None:
     async with toolbus(journal_path, None) as client:
         saved = [
             await save(client, title="zebra in the title", text="stripes", project="zoo", type="decision"),
@@ -349,6 +349,8 @@ async def test_search_filters_pages_and_orders(journal_path: Path) -> None:
         ]:
             result = await client.call_tool("search", arguments)
             assert result.is_error and field in text_of(result), (arguments, text_of(result))
+    # Checked by msgspec or by the handler, bad arguments are recorded alike: rejected.
+    assert [c["status"] for c in journal.commands("search")][-7:] == ["rejected"] * 7
 
 
 # --- timeline and get_observations ----------------------------------------------------------
