@@ -196,10 +196,11 @@ def _driving_column(conn: sqlite3.Connection, query: AuditQuery) -> str | None:
     filters = _equalities(query)
     if len(filters) < 2 or query.paths:
         return None
-    window, bounds = _window(query)
+    window, bounds = _window(query, "received_at")
 
     def matches(column: str) -> int:
-        sql = f"SELECT count(*) FROM (SELECT 1 FROM commands WHERE {column} = ?{window} LIMIT {_PROBE_CAP})"
+        where = " AND ".join([f"{column} = ?", *window])
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM commands WHERE {where} LIMIT {_PROBE_CAP})"
         return int(conn.execute(sql, [filters[column], *bounds]).fetchone()[0])
 
     def tie_break(column: str) -> int:  # when counts hit the cap: sessions are short, failures rare
@@ -208,23 +209,25 @@ def _driving_column(conn: sqlite3.Connection, query: AuditQuery) -> str | None:
     return min(filters, key=lambda column: (matches(column), tie_break(column)))
 
 
-def _window(query: AuditQuery) -> tuple[str, list[str]]:
-    sql, bounds = "", []
+def _window(query: AuditQuery, column: str) -> tuple[list[str], list[str]]:
+    """`--since` / `--until` as SQL conditions on `column`, and their values."""
+    clauses, bounds = [], []
     if query.since is not None:
-        sql, bounds = sql + " AND received_at >= ?", [*bounds, query.since]
+        clauses.append(f"{column} >= ?")
+        bounds.append(query.since)
     if query.until is not None:
-        sql, bounds = sql + " AND received_at < ?", [*bounds, query.until]
-    return sql, bounds
+        clauses.append(f"{column} < ?")
+        bounds.append(query.until)
+    return clauses, bounds
 
 
 def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, list[Any]]:
     filters = _equalities(query)
     # `+column` keeps SQLite off that column's index, so it walks the driving one.
     where = [f"{'+' if driving and column != driving else ''}c.{column} = ?" for column in filters]
-    params: list[Any] = list(filters.values())
-    window, bounds = _window(query)
-    where += [clause.replace("received_at", "c.received_at") for clause in window.split(" AND ")[1:]]
-    params += bounds
+    window, bounds = _window(query, "c.received_at")
+    where += window
+    params: list[Any] = [*filters.values(), *bounds]
     if query.paths:
         # Walk the file's events (index on stream, position), never the whole command table.
         marks = ", ".join("?" * len(query.paths))
