@@ -10,7 +10,7 @@ from importlib import metadata
 from adapters.config import Settings
 from adapters.nvim import attach, find_nvim
 from bus import JournalUnavailable
-from journal import SqliteJournal
+from journal import open_readonly
 
 
 def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
@@ -64,18 +64,16 @@ def _check_journal(settings: Settings, lines: list[str]) -> bool:
         )
         return False
     try:
-        journal = SqliteJournal(path, create=False)
+        conn = open_readonly(path)  # looking must not create, migrate or change anything
     except JournalUnavailable as error:
         lines.append(f"✗ journal: {error}")
         return False
     try:
-        commands, events = journal.run_sync(
-            lambda conn: conn.execute(
-                "SELECT (SELECT count(*) FROM commands), (SELECT count(*) FROM events)"
-            ).fetchone()
-        )
+        commands, events = conn.execute(
+            "SELECT (SELECT count(*) FROM commands), (SELECT count(*) FROM events)"
+        ).fetchone()
     finally:
-        journal.close()
+        conn.close()
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     mark = "✓" if writable else "✗"
     state = "writable" if writable else "NOT writable: fix its permissions or choose another with --journal"

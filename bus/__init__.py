@@ -36,6 +36,7 @@ from bus.events import (
     blob_hash,
     decode_event,
     encode_event_data,
+    upcaster,
 )
 from bus.messagebus import (
     Bus,
@@ -90,4 +91,5 @@ __all__ = [
     "decode_command",
     "decode_event",
     "encode_event_data",
+    "upcaster",
 ]

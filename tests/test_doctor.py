@@ -51,3 +51,13 @@ def test_doctor_flags_a_file_that_is_not_a_journal(nvim: NeovimProcess, tmp_path
     assert result.returncode == 1
     assert "✗ journal: not a toolbus journal" in result.stdout
     assert garbage.read_bytes() == b"not sqlite at all" * 100
+
+
+def test_doctor_never_turns_an_empty_file_into_a_journal(nvim: NeovimProcess, tmp_path: Path) -> None:
+    empty = tmp_path / "journal.db"
+    empty.touch()
+    result = doctor("--journal", str(empty), "--nvim", nvim.address)
+    assert result.returncode == 1
+    assert "✗ journal: not a toolbus journal" in result.stdout and "empty file" in result.stdout
+    assert empty.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.db", "nvim"]
