@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -41,6 +43,7 @@ PROJECTIONS: dict[type[Event], Projection] = {
 }
 
 _json = msgspec.json.Encoder()
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 log = logging.getLogger("toolbus.journal")
 
 # Background checkpoints: how long after a commit, and the WAL size (in pages) at which a
@@ -239,7 +242,7 @@ def _record(
             "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
             (
                 outcome.status,
-                outcome.error,
+                valid_text(outcome.error),
                 iso_time(finished_ns),
                 (finished_ns - record.received_ns) / 1e6,
                 command_id,
@@ -397,19 +400,19 @@ def _insert_command(
         "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
         " pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
-            record.tool,
+            valid_text(record.tool),
             _arguments_json(record.arguments, status),
-            caller.agent,
-            caller.department,
-            caller.client_name,
-            caller.client_version,
-            caller.session_id,
+            valid_text(caller.agent),
+            valid_text(caller.department),
+            valid_text(caller.client_name),
+            valid_text(caller.client_version),
+            valid_text(caller.session_id),
             os.getpid(),
             iso_time(record.received_ns),
             iso_time(finished_ns) if finished_ns else None,
             (finished_ns - record.received_ns) / 1e6 if finished_ns else None,
             status,
-            error,
+            valid_text(error),
         ),
     )
     assert cursor.lastrowid is not None
@@ -417,13 +420,35 @@ def _insert_command(
 
 
 def _arguments_json(arguments: object, status: Status) -> str:
-    try:
-        text = _json.encode(arguments).decode()
-    except (TypeError, msgspec.EncodeError):
-        text = _json.encode(repr(arguments)).decode()
+    text = _encode_arguments(arguments)
     if status == "rejected" and len(text) > REJECTED_ARGUMENTS_LIMIT:
         return _json.encode({"_truncated": True, "bytes": len(text), "head": text[:4096]}).decode()
     return text
+
+
+def _encode_arguments(arguments: object) -> str:
+    """The arguments as JSON text, whatever a client sent, so that every call can be recorded:
+    values JSON cannot hold become their repr, lone surrogates U+FFFD (SQLite stores UTF-8)."""
+    try:
+        return _json.encode(arguments).decode()
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # ValueError: surrogates
+        pass
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return _json.encode({"_unencodable": type(arguments).__name__}).decode()
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def valid_text(value: str | None) -> str | None:
+    """`value` as text SQLite can store: lone surrogates (which no UTF-8 can hold) become U+FFFD."""
+    if value is None or value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    return value
 
 
 def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
