@@ -1,0 +1,106 @@
+"""Several `toolbus serve` processes appending to one journal at once: every call recorded,
+positions gapless and unique, and no "database is locked" ever reaching a client."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults_helpers import assert_sound, saved_titles
+from tests.rpc_client import StdioServer, result_text, toolbus_argv
+
+
+@dataclass
+class Agent:
+    """One server process and the calls its client made, run on a thread of its own."""
+
+    name: str
+    server: StdioServer
+    calls: int
+    saved: dict[int, str] = field(default_factory=dict)
+    results: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def plan(self, index: int) -> tuple[str, dict[str, Any]]:
+        """Mostly saves (two transactions each), with queries and invalid calls mixed in."""
+        if index % 10 == 8:
+            return "search", {"query": f"{self.name} note", "limit": 5}
+        if index % 10 == 9:
+            return "save", {"title": "", "text": "rejected: empty title"}
+        return "save", {"title": f"{self.name} note {index}", "text": f"written by {self.name}"}
+
+    def run(self) -> None:
+        try:
+            self.server.initialize()
+            for index in range(self.calls):
+                tool, arguments = self.plan(index)
+                result = self.server.call_tool(tool, arguments, deadline=60)
+                self.results.append((tool, result))
+                if tool == "save" and arguments["title"] and not result.get("isError"):
+                    self.saved[_id_of(result)] = arguments["title"]
+        except BaseException as error:
+            self.error = error
+
+
+def _id_of(result: dict[str, Any]) -> int:
+    import json
+
+    return int(json.loads(result_text(result))["id"])
+
+
+def run_agents(tmp_path: Path, journal: Path, processes: int, calls: int) -> list[Agent]:
+    agents = [
+        Agent(
+            name=f"agent{n}",
+            server=StdioServer(
+                toolbus_argv(journal, "--agent", f"agent{n}"), stderr=tmp_path / f"agent{n}.stderr"
+            ),
+            calls=calls,
+        )
+        for n in range(processes)
+    ]
+    threads = [threading.Thread(target=agent.run, daemon=True) for agent in agents]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=170)
+            assert not thread.is_alive(), "an agent did not finish in time"
+    finally:
+        for agent in agents:
+            agent.server.close()
+    return agents
+
+
+def check(journal: Path, agents: list[Agent], calls: int) -> None:
+    for agent in agents:
+        assert agent.error is None, f"{agent.name}: {agent.error!r}"
+        assert len(agent.results) == calls
+        for tool, result in agent.results:
+            assert "locked" not in result_text(result).lower(), result_text(result)
+            assert "busy" not in result_text(result).lower(), result_text(result)
+            expected_error = tool == "save" and "Invalid arguments" in result_text(result)
+            assert bool(result.get("isError")) == expected_error, result_text(result)
+    state = assert_sound(journal)
+    assert len(state.commands) == len(agents) * calls
+    assert state.commands_with("in_doubt") == []
+    everything_saved = {i: t for agent in agents for i, t in agent.saved.items()}
+    assert sum(len(agent.saved) for agent in agents) == len(everything_saved)  # ids are unique
+    assert saved_titles(journal) == everything_saved
+    by_agent = {agent.name: sum(1 for c in state.commands if c["agent"] == agent.name) for agent in agents}
+    assert by_agent == {agent.name: calls for agent in agents}
+
+
+def test_four_servers_share_one_journal(tmp_path: Path, journal_path: Path) -> None:
+    agents = run_agents(tmp_path, journal_path, processes=4, calls=100)
+    check(journal_path, agents, calls=100)
+
+
+@pytest.mark.heavy
+def test_four_servers_times_two_thousand_calls(tmp_path: Path, journal_path: Path) -> None:
+    agents = run_agents(tmp_path, journal_path, processes=4, calls=2000)
+    check(journal_path, agents, calls=2000)

@@ -1,0 +1,112 @@
+"""kill -9 of `toolbus serve` in the middle of a stream of saves: nothing acknowledged is lost,
+the file is intact, the unfinished command is visible as in doubt, and a restarted server goes
+on appending without a gap."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NeovimProcess
+from tests.faults_helpers import assert_sound, journal_state, saved_titles, wait_until
+from tests.rpc_client import NoAnswer, ServerGone, StdioServer, result_json, toolbus_argv
+
+
+def save(server: StdioServer, title: str) -> int:
+    reply = result_json(server.call_tool("save", {"title": title, "text": f"text of {title}"}, deadline=20))
+    return int(reply["id"])
+
+
+def test_kill_9_mid_stream_loses_nothing_acknowledged(
+    tmp_path: Path, journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    document = files / "held.py"
+    document.write_text("x = 1\n")
+    nvim.edit(document)
+    # Holds saveDocument inside Neovim, after its write-ahead row, for as long as we like.
+    nvim.command("autocmd BufWritePre * sleep 30")
+    acknowledged: dict[int, str] = {}
+    argv = toolbus_argv(journal_path, "--nvim-timeout", "60", nvim=nvim.address)
+    with StdioServer(argv, stderr=tmp_path / "first.stderr") as server:
+        server.initialize()
+        for index in range(30):
+            acknowledged[save(server, f"before {index}")] = f"before {index}"
+        server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(document)}})
+        wait_until(lambda: journal_state(journal_path).commands_with("in_doubt", "saveDocument"), timeout=20)
+        for index in range(10):  # the server keeps serving while the save is held
+            acknowledged[save(server, f"during {index}")] = f"during {index}"
+        server.send_request("tools/call", {"name": "save", "arguments": {"title": "unanswered", "text": "t"}})
+        server.kill()
+
+    state = assert_sound(journal_path)
+    titles = saved_titles(journal_path)
+    assert {i: titles.get(i) for i in acknowledged} == acknowledged
+    [held] = state.commands_with("in_doubt", "saveDocument")
+    assert held["finished_at"] is None
+    assert {c["status"] for c in state.commands} <= {"ok", "in_doubt"}
+    last_position = max(titles)
+
+    nvim.command("autocmd! BufWritePre")
+    with StdioServer(
+        toolbus_argv(journal_path, nvim=nvim.address), stderr=tmp_path / "second.stderr"
+    ) as server:
+        server.initialize()
+        after = [save(server, f"after {index}") for index in range(10)]
+    assert after == list(range(last_position + 1, last_position + 11))
+    state = assert_sound(journal_path)
+    assert state.commands_with("in_doubt", "saveDocument") == [held]  # the truth stays as it was
+
+
+class SaveStream:
+    """Sends saves one after another from a thread until the server dies; remembers the acked."""
+
+    def __init__(self, server: StdioServer, prefix: str) -> None:
+        self.server = server
+        self.prefix = prefix
+        self.acknowledged: dict[int, str] = {}
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            for index in range(100_000):  # ends when the server is killed
+                title = f"{self.prefix} {index}"
+                self.acknowledged[save(self.server, title)] = title
+        except (ServerGone, NoAnswer, OSError, ValueError):
+            return  # the kill: the call in flight is unacknowledged
+        except BaseException as error:  # anything else is a finding
+            self.error = error
+
+
+@pytest.mark.heavy
+def test_kill_9_at_random_moments_loses_nothing_acknowledged(tmp_path: Path, journal_path: Path) -> None:
+    rng = random.Random(5)
+    acknowledged: dict[int, str] = {}
+    for attempt in range(6):
+        argv = toolbus_argv(journal_path)
+        with StdioServer(argv, stderr=tmp_path / f"run{attempt}.stderr") as server:
+            server.initialize()
+            stream = SaveStream(server, f"run {attempt}")
+            stream.start()
+            time.sleep(rng.uniform(0.05, 1.0))
+            server.kill()
+            stream.join()
+        assert stream.error is None, stream.error
+        acknowledged |= stream.acknowledged
+        state = assert_sound(journal_path)
+        titles = saved_titles(journal_path)
+        assert {i: titles.get(i) for i in acknowledged} == acknowledged
+        # At most the one call in flight is unfinished, and it never has an event.
+        assert len(state.commands_with("in_doubt")) <= attempt + 1
+    assert len(acknowledged) > 0

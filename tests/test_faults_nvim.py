@@ -1,0 +1,168 @@
+"""Neovim faults: killed during a call, blocked inside a request, prompting the user, restarted.
+
+Every wait is bounded by an outer `anyio.fail_after` so a test can never hang; the assertions
+are about results (an error result, a usable Neovim, a next call that works), not durations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.conftest import NeovimProcess, json_of, text_of, toolbus
+from tests.faults_helpers import assert_sound, journal_state, ready
+
+pytestmark = pytest.mark.anyio
+
+GENEROUS = 60  # seconds: far above --nvim-timeout; only there so nothing can hang
+
+
+@pytest.fixture
+def nvim(nvim: NeovimProcess) -> NeovimProcess:
+    return ready(nvim)
+
+
+def open_file(nvim: NeovimProcess, files: Path, name: str = "a.py") -> Path:
+    path = files / name
+    path.write_text("value = 1\n")
+    nvim.edit(path)
+    return path
+
+
+def attach_ui(nvim: NeovimProcess) -> None:
+    """Make the test's connection a UI, so prompts wait for a person as in a real editor."""
+    nvim.call(lambda n: n.request("nvim_ui_attach", 80, 24, {"rgb": True}))
+
+
+def usable(nvim: NeovimProcess) -> bool:
+    return nvim.call(lambda n: n.eval("1 + 1"), timeout=10) == 2
+
+
+async def wait_for_write_ahead(journal: Path, tool: str) -> None:
+    """Until `tool`'s write-ahead row (status in_doubt) is in the journal: the call is in Neovim."""
+    while not journal_state(journal).commands_with("in_doubt", tool):
+        await anyio.sleep(0.02)
+
+
+async def dirty(client: Client, path: Path) -> bool:
+    reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))
+    assert reply["success"] is True
+    return bool(reply["isDirty"])
+
+
+async def test_neovim_killed_during_a_call_is_an_error_and_the_server_lives_on(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    path = open_file(nvim, files)
+    nvim.command("autocmd BufWritePre * sleep 30")  # holds the save inside Neovim
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "10") as client:
+            async with anyio.create_task_group() as group:
+                results = []
+
+                async def held_save() -> None:
+                    results.append(await client.call_tool("saveDocument", {"filePath": str(path)}))
+
+                group.start_soon(held_save)
+                await wait_for_write_ahead(journal_path, "saveDocument")
+                nvim.kill()
+            [result] = results
+            assert result.is_error and "Neovim" in text_of(result)
+            saved = json_of(await client.call_tool("save", {"title": "still here", "text": "after the kill"}))
+            assert saved["success"] is True
+            nvim.start()
+            path = open_file(ready(nvim), files)
+            assert await dirty(client, path) is False
+            reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+            assert reply["saved"] is True
+    state = assert_sound(journal_path)
+    assert [c["tool"] for c in state.commands] == [
+        "saveDocument",
+        "save",
+        "checkDocumentDirty",
+        "saveDocument",
+    ]
+    # Neovim died mid-request: the save may or may not have happened, and the journal says so.
+    assert state.commands[0]["status"] in ("in_doubt", "failed")
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [':call confirm("Overwrite?", "&Yes\\n&No")<CR>', ':let g:name = input("Name? ")<CR>', ":sleep 60<CR>"],
+    ids=["confirm", "input", "sleep"],
+)
+async def test_a_prompt_the_user_started_never_blocks_a_call(
+    journal_path: Path, nvim: NeovimProcess, files: Path, keys: str
+) -> None:
+    path = open_file(nvim, files)
+    attach_ui(nvim)
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            nvim.call(lambda n: n.input(keys))  # typed, as the user would: returns at once
+            # Neovim 0.11 answers RPC while it waits at a prompt or sleeps; if a prompt did
+            # block it, the call would be an error after the timeout. Either way: an answer.
+            for tool in ("checkDocumentDirty", "saveDocument", "getOpenEditors"):
+                result = await client.call_tool(
+                    tool, {} if tool == "getOpenEditors" else {"filePath": str(path)}
+                )
+                assert result.is_error or text_of(result).startswith("{")
+            assert usable(nvim)
+            nvim.call(lambda n: n.input("<Esc>"))
+            assert await dirty(client, path) is False
+    assert_sound(journal_path)
+
+
+@pytest.mark.parametrize(
+    "blocker",
+    ['call confirm("Really write?", "&Yes\\n&No")', "sleep 60"],
+    ids=["confirm-in-BufWritePre", "sleep-in-BufWritePre"],
+)
+async def test_a_request_blocked_inside_neovim_times_out_and_neovim_recovers(
+    journal_path: Path, nvim: NeovimProcess, files: Path, blocker: str
+) -> None:
+    path = open_file(nvim, files)
+    attach_ui(nvim)
+    nvim.command(f"autocmd BufWritePre * {blocker}")
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            result = await client.call_tool("saveDocument", {"filePath": str(path)})
+            assert result.is_error and "did not answer" in text_of(result)
+            assert usable(nvim)  # toolbus interrupted what blocked it, from a second connection
+            nvim.command("autocmd! BufWritePre")
+            assert await dirty(client, path) is False
+            assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"] is True
+    state = assert_sound(journal_path)
+    assert [c["status"] for c in state.commands] == ["in_doubt", "ok", "ok"]
+
+
+@pytest.mark.heavy
+async def test_one_server_survives_a_run_of_neovim_faults(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    path = open_file(nvim, files)
+    busy = "let t = reltime() | while reltimefloat(reltime(t)) < 60 | endwhile"
+    calls = 0
+    with anyio.fail_after(GENEROUS * 3):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            for round_index in range(3):
+                assert await dirty(client, path) is False
+                nvim.kill()  # gone while idle
+                result = await client.call_tool("getOpenEditors", {})
+                assert result.is_error
+                nvim.start()
+                path = open_file(ready(nvim), files)
+                nvim.call(lambda n: n.command(busy, async_=True))  # busy: interrupted by toolbus
+                result = await client.call_tool("checkDocumentDirty", {"filePath": str(path)})
+                assert result.is_error and "did not answer" in text_of(result)
+                assert usable(nvim)
+                nvim.set_lines(path, [f"round = {round_index}"])
+                assert await dirty(client, path) is True
+                assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"]
+                assert path.read_text() == f"round = {round_index}\n"
+                calls += 5
+    state = assert_sound(journal_path)
+    assert len(state.commands) == calls
+    assert len(state.commands_with("ok", "saveDocument")) == 3
