@@ -85,6 +85,7 @@ class SqliteJournal:
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn = self._open(create, synchronous)
+        self._identity = _identity(path)
         self._worker: _Worker | None = None
         self._checkpointer = _Checkpointer(path, synchronous)
         self._changes = self._conn.total_changes
@@ -142,6 +143,7 @@ class SqliteJournal:
     def run_sync(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work` with the connection, serialised with every other use of it."""
         with self._lock:
+            self._check_same_file()
             try:
                 return work(self._conn)
             except sqlite3.DatabaseError as error:
@@ -150,6 +152,22 @@ class SqliteJournal:
                 if self._conn.total_changes != self._changes:
                     self._changes = self._conn.total_changes
                     self._checkpointer.nudge()
+
+    def _check_same_file(self) -> None:
+        """Refuse to go on if the journal file was removed or replaced since it was opened: the
+        connection would write to a file nobody can see any more, and its commits would be lost."""
+        try:
+            same = _identity(self.path) == self._identity
+        except FileNotFoundError:
+            raise JournalUnavailable(
+                f"the journal at {self.path} was removed while toolbus was running; nothing was "
+                "written: restore the file, or restart toolbus to start a new journal"
+            ) from None
+        if not same:
+            raise JournalUnavailable(
+                f"the journal at {self.path} was replaced by another file while toolbus was running; "
+                "nothing was written to either: restart toolbus to use the new file"
+            )
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """`run_sync` on the journal's own thread: SQLite never blocks the event loop.
@@ -212,6 +230,13 @@ class SqliteJournal:
         with self.transaction(conn):
             return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
 
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            with self.transaction(conn):
+                _insert_blobs(conn, blobs)
+
+        await self.run(work)
+
     def record_many_sync(self, conn: sqlite3.Connection, outcomes: Sequence[Outcome]) -> list[list[int]]:
         """Several finished commands in one transaction (imports, benchmarks): one fsync for all.
         Returns each command's event positions."""
@@ -249,14 +274,18 @@ def _record(
             ),
         )
     if outcome.blobs:
-        conn.executemany(
-            "INSERT OR IGNORE INTO blobs (hash, size, content) VALUES (?, ?, ?)",
-            [(digest, len(content), content) for digest, content in outcome.blobs.items()],
-        )
+        _insert_blobs(conn, outcome.blobs)
     if not outcome.events:
         return []
     recorded_at = iso_time(finished_ns)
     return [_append(conn, command_id, event, recorded_at) for event in outcome.events]
+
+
+def _insert_blobs(conn: sqlite3.Connection, blobs: Mapping[str, bytes]) -> None:
+    conn.executemany(
+        "INSERT OR IGNORE INTO blobs (hash, size, content) VALUES (?, ?, ?)",
+        [(digest, len(content), content) for digest, content in blobs.items()],
+    )
 
 
 def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at: str) -> int:
@@ -277,6 +306,11 @@ def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at
     if projection := PROJECTIONS.get(type(event)):
         projection(conn, position, event)
     return position
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    status = os.stat(path)
+    return status.st_dev, status.st_ino
 
 
 class _Checkpointer:
@@ -451,6 +485,12 @@ def valid_text(value: str | None) -> str | None:
     return value
 
 
+def _writable(path: Path) -> bool:
+    """Whether toolbus could write the journal and its -wal/-shm files (access(2) also says
+    no on a read-only file system, even to root)."""
+    return os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
 def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
     message = str(error)
     if "locked" in message or "busy" in message:
@@ -459,8 +499,20 @@ def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
         return f"the journal at {path} is read-only: fix its permissions or choose another with --journal"
     if "disk is full" in message or "full" in message:
         return f"the disk holding the journal at {path} is full: free space, nothing was written"
-    if "not a database" in message or "malformed" in message:
+    if "not a database" in message:
         return f"not a toolbus journal: {path} is not a SQLite database ({message})"
+    if "malformed" in message:
+        return (
+            f"the journal at {path} is damaged ({message}); nothing was written: keep a copy of it "
+            "and check it with: sqlite3 JOURNAL 'PRAGMA integrity_check'"
+        )
+    if "disk I/O error" in message:
+        return f"the journal at {path} could not be written (disk I/O error); check the disk holding it"
+    if "unable to open" in message and not _writable(path):
+        return (
+            f"the journal at {path} is read-only (it or its directory cannot be written, or the "
+            "file system is read-only): fix that, or choose another place with --journal"
+        )
     if "unable to open" in message:
         return f"cannot open the journal at {path}: {message}; check the path and its permissions"
     return f"the journal at {path} failed: {message}"

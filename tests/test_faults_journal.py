@@ -1,0 +1,215 @@
+"""Journal and disk faults: a read-only place, a full disk, garbage where the journal should be,
+the file replaced or removed under a running server. Each gives a clear error (at start or on
+the call), the server keeps serving, and nothing is half-written.
+
+"Full" and "read-only" use a small tmpfs (needs root; skipped otherwise). A file system cannot
+be remounted read-only while a server holds the journal open for writing (EBUSY), so read-only
+is tested at start; a running server meets a full disk instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.faults_helpers import assert_sound, can_mount, remount, saved_titles, small_filesystem
+from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
+
+
+def start_fails(tmp_path: Path, journal: Path) -> tuple[int | None, str]:
+    """Start `toolbus serve`; it must refuse: its exit code and what it said on stderr."""
+    stderr = tmp_path / "refused.stderr"
+    with StdioServer(toolbus_argv(journal), stderr=stderr) as server:
+        with pytest.raises(ServerGone):
+            server.initialize(deadline=30)
+        code = server.process.wait(timeout=30)
+    return code, stderr.read_text()
+
+
+def save(server: StdioServer, title: str, text: str = "t") -> dict[str, object]:
+    return server.call_tool("save", {"title": title, "text": text}, deadline=30)
+
+
+# --- garbage and strangers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [os.urandom(64 * 1024), b"SQLite format 3\x00" + os.urandom(4000), b"not a journal\n" * 10],
+    ids=["random", "sqlite-header-then-garbage", "text"],
+)
+def test_garbage_at_the_journal_path_is_refused_at_start_and_left_alone(
+    tmp_path: Path, content: bytes
+) -> None:
+    journal = tmp_path / "journal.db"
+    journal.write_bytes(content)
+    code, said = start_fails(tmp_path, journal)
+    assert code == 2 and "journal" in said and str(journal) in said, said
+    assert journal.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.db", "refused.stderr"]
+
+
+def test_another_programs_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    with sqlite3.connect(journal) as conn:
+        conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance REAL)")
+        conn.execute("INSERT INTO accounts (balance) VALUES (42)")
+    conn.close()
+    before = journal.read_bytes()
+    code, said = start_fails(tmp_path, journal)
+    assert code == 2 and "not a toolbus journal" in said, said
+    assert journal.read_bytes() == before
+    assert not Path(f"{journal}-wal").exists()
+
+
+def test_a_journal_replaced_under_a_running_server_is_refused_on_the_call(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    garbage = os.urandom(32 * 1024)
+    with StdioServer(toolbus_argv(journal), stderr=tmp_path / "server.stderr") as server:
+        server.initialize()
+        result_json(save(server, "before"))
+        (tmp_path / "incoming").write_bytes(garbage)
+        os.replace(tmp_path / "incoming", journal)
+        for title in ("after 1", "after 2"):
+            result = save(server, title)
+            assert result.get("isError") and "replaced" in result_text(result), result
+        assert server.alive()
+        assert server.request("tools/list", {})["tools"]
+        journal.unlink()
+        result = save(server, "after removal")
+        assert result.get("isError") and "removed" in result_text(result), result
+    assert not journal.exists()  # nothing recreated it, nothing half-wrote it
+
+
+# --- read-only -----------------------------------------------------------------------------------
+
+
+def test_a_read_only_directory_is_a_clear_error_at_start(tmp_path: Path) -> None:
+    journal = tmp_path / "state" / "journal.db"
+    if can_mount():
+        with small_filesystem(tmp_path / "state", "1m") as place:
+            remount(place, "ro")
+            code, said = start_fails(tmp_path, journal)
+    else:
+        journal.parent.mkdir()
+        journal.parent.chmod(0o500)
+        code, said = start_fails(tmp_path, journal)
+        journal.parent.chmod(0o700)
+    assert code == 2 and "cannot create the journal" in said and "--journal" in said, said
+    assert not journal.exists()
+
+
+def test_a_journal_on_a_read_only_file_system_is_a_clear_error(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "state", "2m") as place:
+        journal = place / "journal.db"
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "first.stderr") as server:
+            server.initialize()
+            result_json(save(server, "kept"))
+        before = journal.read_bytes()
+        remount(place, "ro")
+        code, said = start_fails(tmp_path, journal)
+        assert code == 2 and str(journal) in said, said
+        assert "read-only" in said and "--journal" in said, said
+        assert journal.read_bytes() == before
+        remount(place, "rw")
+        assert_sound(journal)
+        assert list(saved_titles(journal).values()) == ["kept"]
+
+
+# --- full --------------------------------------------------------------------------------------
+
+
+def fill(place: Path) -> Path:
+    """Take every free byte of the file system with one file; return it (delete it to free)."""
+    filler = place / "filler"
+    with open(filler, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_is_an_error_on_the_call_and_nothing_is_lost(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "state", "4m") as place:
+        journal = place / "journal.db"
+        acknowledged: dict[int, str] = {}
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "server.stderr") as server:
+            server.initialize()
+            for index in range(5):
+                acknowledged[int(result_json(save(server, f"early {index}"))["id"])] = f"early {index}"
+            filler = fill(place)
+            refused = 0
+            for index in range(20):  # bounded: the disk stays full, so these must all be refused
+                result = save(server, f"while full {index}", "q" * 50_000)
+                if result.get("isError"):
+                    refused += 1
+                    assert "full" in result_text(result) and str(journal) in result_text(result)
+                else:  # a page the journal already had may still fit
+                    acknowledged[int(result_json(result)["id"])] = f"while full {index}"
+            assert refused > 0 and server.alive()
+            filler.unlink()
+            for index in range(5):
+                acknowledged[int(result_json(save(server, f"late {index}"))["id"])] = f"late {index}"
+        state = assert_sound(journal)
+        titles = saved_titles(journal)
+        assert {i: titles.get(i) for i in acknowledged} == acknowledged
+        assert all(c["status"] in ("ok", "in_doubt", "failed") for c in state.commands)
+
+
+def fill_leaving(place: Path, headroom: int) -> Path:
+    """A file taking all free space of `place` but `headroom` bytes."""
+    stats = os.statvfs(place)
+    filler = place / "filler"
+    filler.write_bytes(b"\0" * max(stats.f_bavail * stats.f_frsize - headroom, 0))
+    return filler
+
+
+@pytest.mark.heavy
+def test_filling_up_while_four_servers_write(tmp_path: Path) -> None:
+    """The disk fills under concurrent writers: the errors say so (never "locked"), every
+    acknowledged save survives, and once space is freed every server works again."""
+    import threading
+
+    with small_filesystem(tmp_path / "state", "16m") as place:
+        journal = place / "journal.db"
+        servers = [StdioServer(toolbus_argv(journal), stderr=tmp_path / f"s{n}.stderr") for n in range(4)]
+        acknowledged: dict[int, str] = {}
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def writer(server: StdioServer, name: str) -> None:
+            for index in range(100):
+                result = save(server, f"{name} {index}", "w" * 20_000)
+                with lock:
+                    if result.get("isError"):
+                        errors.append(result_text(result))
+                    else:
+                        acknowledged[int(result_json(result)["id"])] = f"{name} {index}"
+
+        try:
+            for server in servers:
+                server.initialize()
+            filler = fill_leaving(place, 2 * 1024 * 1024)
+            threads = [threading.Thread(target=writer, args=(s, f"s{n}")) for n, s in enumerate(servers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=150)
+                assert not thread.is_alive()
+            assert errors, "the disk never filled"
+            assert all("full" in error for error in errors), {e[:120] for e in errors}
+            filler.unlink()
+            for n, server in enumerate(servers):
+                acknowledged[int(result_json(save(server, f"s{n} after"))["id"])] = f"s{n} after"
+        finally:
+            for server in servers:
+                server.close()
+        assert_sound(journal)
+        titles = saved_titles(journal)
+        assert {i: titles.get(i) for i in acknowledged} == acknowledged
