@@ -8,7 +8,7 @@ import sqlite3
 from importlib import metadata
 
 from adapters.config import Settings
-from adapters.nvim import attach, find_nvim
+from adapters.nvim import blocking_request, find_nvim
 from bus import JournalUnavailable
 from journal import open_readonly
 
@@ -37,16 +37,18 @@ def _check_nvim(settings: Settings, lines: list[str]) -> bool:
             "Start Neovim with --listen ADDRESS and pass that address with --nvim or $TOOLBUS_NVIM"
         )
         return False
-    try:
-        with attach(found.address) as nvim:
-            info = nvim.request("nvim_exec_lua", "return tostring(vim.version())", [])
-            cwd = nvim.funcs.getcwd()
-    except Exception as error:
+    answer = blocking_request(
+        found.address,
+        lambda nvim: (nvim.request("nvim_exec_lua", "return tostring(vim.version())", []), nvim.funcs.getcwd()),
+        timeout=settings.nvim_timeout,
+    )
+    if answer is None:
         lines.append(
-            f"✗ neovim: {found.address} (from {found.source}) does not answer: {error}. "
+            f"✗ neovim: {found.address} (from {found.source}) does not answer within {settings.nvim_timeout:g} s. "
             "Is that Neovim running? Check :echo v:servername inside it"
         )
         return False
+    info, cwd = answer
     lines.append(f"✓ neovim: {found.address} (from {found.source}) answers: NVIM v{info}, cwd {cwd}")
     return True
 

@@ -1,5 +1,6 @@
--- toolbus helpers, sent over RPC once per connection: every editor tool is then one request.
--- Paths given to these functions are already absolute and normalised by toolbus.
+-- toolbus helpers, sent over RPC the first time a Neovim lacks them (kept in a global named
+-- after this file's hash): every editor tool is then one or two requests. Paths arrive
+-- absolute with `~` expanded; symlinks are resolved here, on Neovim's side.
 local M = {}
 local api = vim.api
 
@@ -26,14 +27,28 @@ local function buffer_text(buf)
   return text
 end
 
--- The open (listed and loaded) buffer whose full name is `path`, by exact comparison.
-local function find_open(path)
+-- Buffers the user has open: listed, loaded and named. Hidden and unloaded buffers are not.
+local function open_buffers()
+  local found = {}
   for _, buf in ipairs(api.nvim_list_bufs()) do
-    if vim.bo[buf].buflisted and api.nvim_buf_is_loaded(buf) then
-      local name = api.nvim_buf_get_name(buf)
-      if name ~= '' and (name == path or normalise(name) == path) then
-        return buf
-      end
+    if vim.bo[buf].buflisted and api.nvim_buf_is_loaded(buf) and api.nvim_buf_get_name(buf) ~= '' then
+      found[#found + 1] = buf
+    end
+  end
+  return found
+end
+
+local function same_file(buf, wanted)
+  local name = api.nvim_buf_get_name(buf)
+  return name == wanted or normalise(name) == wanted
+end
+
+-- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
+local function find_open(path)
+  local wanted = normalise(path)
+  for _, buf in ipairs(open_buffers()) do
+    if same_file(buf, wanted) then
+      return buf
     end
   end
   return nil
@@ -50,7 +65,9 @@ local function check_disk(buf)
     callback = function()
       local reason = vim.v.fcs_reason
       changed = reason ~= 'mode' and reason ~= 'time'
-      if reason == 'conflict' then
+      if not changed then
+        vim.v.fcs_choice = ''
+      elseif reason == 'conflict' then
         vim.b[buf].toolbus_disk_conflict = true
         vim.v.fcs_choice = ''
       elseif reason == 'deleted' or vim.bo[buf].modified then
@@ -80,9 +97,9 @@ end
 function M.list()
   local current = api.nvim_get_current_buf()
   local tabs = {}
-  for _, buf in ipairs(api.nvim_list_bufs()) do
+  for _, buf in ipairs(open_buffers()) do
     local name = api.nvim_buf_get_name(buf)
-    if name ~= '' and vim.bo[buf].buflisted and api.nvim_buf_is_loaded(buf) and vim.bo[buf].buftype == '' then
+    if vim.bo[buf].buftype == '' then
       local filetype = vim.bo[buf].filetype
       tabs[#tabs + 1] = {
         uri = vim.uri_from_bufnr(buf),
@@ -114,8 +131,17 @@ function M.save(path)
   if not ok then
     return { status = 'vim_error', message = changed }
   end
-  if vim.b[buf].toolbus_disk_conflict and vim.bo[buf].modified then
-    return { status = 'conflict' }
+  if vim.b[buf].toolbus_disk_conflict then
+    if vim.bo[buf].modified then
+      return { status = 'conflict' }
+    end
+    -- The user undid their edits: the disk version wins, as for any unmodified buffer.
+    -- (Vim was told of the change already, so :write would now prompt instead.)
+    api.nvim_buf_call(buf, function()
+      vim.cmd('silent edit!')
+    end)
+    vim.b[buf].toolbus_disk_conflict = nil
+    changed, reloaded = true, true
   end
   local before = read_file(name)
   local written, err = pcall(api.nvim_buf_call, buf, function()
@@ -130,37 +156,50 @@ function M.save(path)
   return { status = 'saved', before = before, after = read_file(name), changed = changed, reloaded = reloaded }
 end
 
--- Close the one buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name.
-function M.close(tab_name, path)
+-- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
+-- with the unsaved text a wipe would discard. Nothing is closed yet: toolbus keeps that
+-- text in its journal first, then calls M.wipe.
+function M.find_tab(tab_name, path)
   local exact, suffix = {}, {}
+  local wanted = path ~= vim.NIL and normalise(path) or nil
   local tail = '/' .. tab_name
-  for _, buf in ipairs(api.nvim_list_bufs()) do
-    local name = api.nvim_buf_get_name(buf)
-    if name ~= '' then
-      if path ~= vim.NIL and (name == path or normalise(name) == path) then
-        exact[#exact + 1] = buf
-      elseif name:sub(-#tail) == tail then
-        suffix[#suffix + 1] = buf
-      end
+  for _, buf in ipairs(open_buffers()) do
+    if wanted and same_file(buf, wanted) then
+      exact[#exact + 1] = buf
+    elseif api.nvim_buf_get_name(buf):sub(-#tail) == tail then
+      suffix[#suffix + 1] = buf
     end
   end
   local matches = #exact > 0 and exact or suffix
   if #matches == 0 then
     return { status = 'not_found' }
   end
+  local names = {}
+  for i, buf in ipairs(matches) do
+    names[i] = api.nvim_buf_get_name(buf)
+  end
   if #matches > 1 then
-    local names = {}
-    for i, buf in ipairs(matches) do
-      names[i] = api.nvim_buf_get_name(buf)
-    end
     return { status = 'ambiguous', candidates = names }
   end
   local buf = matches[1]
-  local name = api.nvim_buf_get_name(buf)
   local modified = vim.bo[buf].modified
-  local discarded = modified and buffer_text(buf) or vim.NIL
+  return {
+    status = 'found',
+    buffer = buf,
+    tick = api.nvim_buf_get_changedtick(buf),
+    path = names[1],
+    modified = modified,
+    discarded = modified and buffer_text(buf) or vim.NIL,
+  }
+end
+
+-- Wipe a buffer found by M.find_tab, unless it changed since (its text kept would be stale).
+function M.wipe(buf, tick)
+  if not api.nvim_buf_is_valid(buf) or api.nvim_buf_get_changedtick(buf) ~= tick then
+    return false
+  end
   api.nvim_buf_delete(buf, { force = true })
-  return { status = 'closed', path = name, modified = modified, discarded = discarded }
+  return true
 end
 
 -- A toolbus conflict mark ends when the user writes or re-reads the buffer.

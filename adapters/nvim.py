@@ -26,8 +26,8 @@ import anyio
 import msgspec
 import pynvim
 
-from bus import EditorTimeout, EditorUnavailable
-from handlers.ports import CloseOutcome, OpenEditor, SaveOutcome
+from bus import EditorLost, EditorTimeout, EditorUnavailable
+from handlers.ports import OpenEditor, SaveOutcome, TabMatch
 
 log = logging.getLogger("toolbus.nvim")
 
@@ -113,11 +113,29 @@ def _answers(path: str) -> bool:
 
 
 def _ask_cwd(path: str) -> str | None:
+    return blocking_request(path, lambda nvim: str(nvim.funcs.getcwd()), timeout=1.0)
+
+
+def blocking_request(address: str, call: NvimCall[T], timeout: float) -> T | None:
+    """One request on a throwaway connection from synchronous code (discovery, doctor):
+    on a thread of its own, so a blocked Neovim costs `timeout`, never a hang. None on failure."""
+    answer: list[T] = []
+
+    def ask() -> None:
+        with attach(address) as nvim:
+            answer.append(call(nvim))
+
+    worker = threading.Thread(target=_quietly, args=(ask,), name="toolbus-nvim-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return answer[0] if answer else None
+
+
+def _quietly(work: Callable[[], None]) -> None:
     try:
-        with pynvim.attach("socket", path=path) as nvim:
-            return str(nvim.funcs.getcwd())
+        work()
     except Exception:
-        return None
+        log.debug("Neovim probe failed", exc_info=True)
 
 
 def attach(address: str) -> pynvim.Nvim:
@@ -215,10 +233,13 @@ class NvimEditor:
     async def save(self, path: str) -> SaveOutcome:
         return msgspec.convert(_to_bytes(await self._lua("save", path), ("before", "after")), SaveOutcome)
 
-    async def close_tab(self, tab_name: str, path: str | None) -> CloseOutcome:
+    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
         return msgspec.convert(
-            _to_bytes(await self._lua("close", tab_name, path), ("discarded",)), CloseOutcome
+            _to_bytes(await self._lua("find_tab", tab_name, path), ("discarded",)), TabMatch
         )
+
+    async def wipe(self, buffer: int, tick: int) -> bool:
+        return bool(await self._lua("wipe", buffer, tick))
 
     # plumbing
 
@@ -237,18 +258,24 @@ class NvimEditor:
     async def request(self, call: NvimCall[T]) -> T:
         """Run `call(nvim)` on the connection's thread, within the timeout; reconnect once
         if a connection that used to work has gone (Neovim restarted)."""
-        connection = self._connect()
+        connection = await self._connect()
         try:
             return await self._await(connection, call)
         except EditorUnavailable:
             if not connection.used:
                 raise
-            log.info("Neovim connection to %s lost; reconnecting", connection.address)
-            return await self._await(self._connect(), call)
+        # The connection that used to work is gone: Neovim restarted (the request then never
+        # reached the new one) or died while answering (and so did its buffers).
+        log.info("Neovim connection to %s lost; reconnecting", connection.address)
+        try:
+            return await self._await(await self._connect(), call)
+        except EditorUnavailable as error:
+            raise EditorLost(f"{error} (the connection broke while a request was in flight)") from None
 
-    def _connect(self) -> _Connection:
+    async def _connect(self) -> _Connection:
         if self._connection is None or not self._connection.alive:
-            found = self._locate()
+            # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
+            found = await anyio.to_thread.run_sync(self._locate)
             if found is None:
                 raise EditorUnavailable(
                     "No Neovim found: start Neovim with --listen ADDRESS (or from a Neovim :terminal), "

@@ -14,6 +14,7 @@ from bus.commands import (
     absolute_path,
 )
 from bus.errors import (
+    EditorLost,
     EditorTimeout,
     EditorUnavailable,
     Fault,
@@ -63,6 +64,7 @@ __all__ = [
     "CommandRecord",
     "DocumentSaveRefused",
     "DocumentSaved",
+    "EditorLost",
     "EditorTimeout",
     "EditorUnavailable",
     "Event",

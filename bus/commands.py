@@ -6,7 +6,7 @@ Decoding a tool's arguments into its Struct *is* the argument check (see `decode
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import msgspec
 
@@ -14,7 +14,6 @@ ObservationType = Literal["decision", "bugfix", "feature", "refactor", "discover
 Visibility = Literal["private", "department", "project", "public"]
 OrderBy = Literal["relevance", "date_desc", "date_asc"]
 
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 # One bound for every free-text argument: big enough for any real document or note,
 # small enough that one call cannot balloon the journal or the server's memory.
 MAX_TEXT_BYTES = 1_000_000
@@ -33,18 +32,11 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     mutates: ClassVar[bool] = False
 
 
-class InvalidPath(ValueError):
-    """A path argument that is not absolute; carries the field it came from."""
-
-    def __init__(self, field: str, value: str) -> None:
-        super().__init__(f'{field}: expected an absolute path, got "{value}"')
-
-
 def absolute_path(field: str, value: str) -> str:
     """`~` expanded, then required to be absolute."""
     expanded = os.path.expanduser(value)
     if not os.path.isabs(expanded):
-        raise InvalidPath(field, value)
+        raise ValueError(f'{field}: expected an absolute path, got "{value}"')
     return expanded
 
 
@@ -103,8 +95,8 @@ class CloseTab(Command, frozen=True, kw_only=True):
 
 # --- memory ----------------------------------------------------------------------------
 
-_OBSERVATION_TYPES = ["decision", "bugfix", "feature", "refactor", "discovery", "change"]
-_VISIBILITIES = ["private", "department", "project", "public"]
+_OBSERVATION_TYPES = list(get_args(ObservationType))
+_VISIBILITIES = list(get_args(Visibility))
 
 
 class SaveObservation(Command, frozen=True, kw_only=True):
@@ -181,7 +173,7 @@ class SearchObservations(Command, frozen=True, kw_only=True):
             "type": {"type": "string", "description": "Observation type, or a comma list of types"},
             "dateStart": {"type": ["string", "integer"], "description": "From this ISO date or epoch ms"},
             "dateEnd": {"type": ["string", "integer"], "description": "Up to this ISO date or epoch ms"},
-            "orderBy": {"type": "string", "enum": ["relevance", "date_desc", "date_asc"]},
+            "orderBy": {"type": "string", "enum": list(get_args(OrderBy))},
         },
     }
 

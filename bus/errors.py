@@ -24,6 +24,10 @@ class EditorUnavailable(Fault):
     """No Neovim could be reached."""
 
 
+class EditorLost(EditorUnavailable):
+    """The connection to Neovim broke after a request was sent: it may or may not have run."""
+
+
 class EditorTimeout(Fault):
     """Neovim did not answer in time (blocked by a prompt, or busy)."""
 

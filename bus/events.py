@@ -77,7 +77,7 @@ class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
     """close_tab closed nothing: no buffer matched, or several did."""
 
     tab_name: str
-    reason: Literal["not_found", "ambiguous"]
+    reason: Literal["not_found", "ambiguous", "busy"]  # busy: it kept changing while being closed
     candidates: list[str] = []
 
     @property

@@ -18,8 +18,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
-from bus.commands import Command, InvalidPath
-from bus.errors import EditorTimeout, Fault, InvalidArguments, ToolbusError
+from bus.commands import Command
+from bus.errors import EditorLost, EditorTimeout, Fault, InvalidArguments, ToolbusError
 from bus.events import Event
 
 log = logging.getLogger("toolbus.bus")
@@ -69,22 +69,31 @@ class Journal(Protocol):
         return the positions given to `events`."""
         ...
 
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store texts (content-addressed, so idempotent) in a transaction of their own."""
+        ...
+
 
 @dataclass(slots=True)
 class HandlerContext(Generic[C]):
-    """What a handler gets besides its command: its collaborators and a way to commit."""
+    """What a handler gets besides its command: its collaborators, and the journal's two doors."""
 
     caller: Caller
     services: Any
+    _journal: Journal
     _commit: Callable[[Sequence[Event], Mapping[str, bytes]], Awaitable[list[int]]]
-    committed: bool = field(default=False)
+    # Set once a commit is under way: from then on its outcome, not the bus, decides the status.
+    commit_attempted: bool = field(default=False)
+
+    async def keep(self, blobs: Mapping[str, bytes]) -> None:
+        """Make texts durable now, before an action that would destroy them."""
+        await self._journal.keep_blobs(blobs)
 
     async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
         """Append the outcome events (and the blobs they name) and mark the command done.
         Returns the events' journal positions."""
-        positions = await self._commit(events, blobs or {})
-        self.committed = True
-        return positions
+        self.commit_attempted = True
+        return await self._commit(events, blobs or {})
 
 
 Handler = Callable[[Any, HandlerContext[Any]], Awaitable[Reply]]
@@ -127,22 +136,23 @@ class Bus:
             return await self._journal.finish(record, command_id, "ok", events=events, blobs=blobs)
 
         context: HandlerContext[Any] = HandlerContext(
-            caller=record.caller, services=self.services, _commit=commit
+            caller=record.caller, services=self.services, _journal=self._journal, _commit=commit
         )
         handler = self._handlers[type(command)]
         try:
             reply = await handler(command, context)
         except ToolbusError as error:
-            if not context.committed:
+            # A commit that failed leaves the write-ahead row in doubt: the change may be done.
+            if not context.commit_attempted:
                 await self._finish_failed(record, command_id, str(error), _status_of(error, command))
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
             message = f"{record.tool} failed: internal error: {error!r}"
-            if not context.committed:
+            if not context.commit_attempted:
                 await self._finish_failed(record, command_id, message)
             raise Fault(message) from error
-        if not context.committed:
+        if not context.commit_attempted:
             await commit((), {})
         return reply
 
@@ -159,8 +169,8 @@ class Bus:
 def _status_of(error: ToolbusError, command: Command) -> Status:
     if isinstance(error, InvalidArguments):  # a handler's own argument check (dates, type lists)
         return "rejected"
-    if command.mutates and isinstance(error, EditorTimeout):
-        return "in_doubt"  # a timed-out change may still be carried out once Neovim is free
+    if command.mutates and isinstance(error, EditorTimeout | EditorLost):
+        return "in_doubt"  # it may have run (or may still run, once Neovim is free)
     return "failed"
 
 
@@ -184,8 +194,6 @@ def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
         raise InvalidArguments(command_type.tool, _explain(command_type, str(error))) from None
-    except InvalidPath as error:  # raised by __post_init__ when not wrapped by msgspec
-        raise InvalidArguments(command_type.tool, str(error)) from None
 
 
 def _explain(command_type: type[Command], message: str) -> str:

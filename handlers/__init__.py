@@ -14,7 +14,7 @@ from bus import (
     Timeline,
 )
 from handlers import editor, memory
-from handlers.ports import CloseOutcome, Editor, MemoryStore, OpenEditor, SaveOutcome
+from handlers.ports import Editor, MemoryStore, OpenEditor, SaveOutcome, TabMatch
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,
@@ -27,4 +27,4 @@ HANDLERS: dict[type[Command], Handler] = {
     GetObservations: memory.get_observations,
 }
 
-__all__ = ["HANDLERS", "CloseOutcome", "Editor", "MemoryStore", "OpenEditor", "SaveOutcome"]
+__all__ = ["HANDLERS", "Editor", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch"]

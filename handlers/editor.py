@@ -18,12 +18,12 @@ from bus import (
     SaveDocument,
     TabClosed,
     TabCloseSkipped,
-    absolute_path,
     blob_hash,
 )
 from handlers.ports import Editor, OpenEditor
 
 TAB_CLOSED = "TAB_CLOSED"
+WIPE_ATTEMPTS = 3
 SAVED = "Document saved successfully"
 CONFLICT = (
     "Failed to save: the file changed on disk since Neovim read it, and the buffer has unsaved changes. "
@@ -56,9 +56,10 @@ class SaveResult(msgspec.Struct, frozen=True):
     message: str
 
 
-def normalise(path: str) -> str:
-    """The one path form buffers are compared in: absolute, `~` expanded, symlinks resolved."""
-    return os.path.realpath(absolute_path("filePath", path))
+def expand(path: str) -> str:
+    """A path as the editor gets it: `~` expanded (the command already checked it is absolute).
+    Symlinks are resolved by the editor, on the machine that holds the files."""
+    return os.path.expanduser(path)
 
 
 def editor_of(context: HandlerContext[Any]) -> Editor:
@@ -73,18 +74,18 @@ async def get_open_editors(command: GetOpenEditors, context: HandlerContext[Any]
 async def check_document_dirty(
     command: CheckDocumentDirty, context: HandlerContext[Any]
 ) -> DirtyState | NotOpen:
-    dirty = await editor_of(context).is_dirty(normalise(command.filePath))
+    dirty = await editor_of(context).is_dirty(expand(command.filePath))
     if dirty is None:
         return NotOpen(success=False, message=f"Document not open: {command.filePath}")
     return DirtyState(success=True, filePath=command.filePath, isDirty=dirty)
 
 
 async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> SaveResult:
-    path = normalise(command.filePath)
+    path = expand(command.filePath)
     outcome = await editor_of(context).save(path)
-    if outcome.status == "saved":
-        after = outcome.after or b""
-        blobs = {blob_hash(after): after}
+    if outcome.status == "saved" and outcome.after is not None:
+        written = blob_hash(outcome.after)
+        blobs = {written: outcome.after}
         replaced = None
         if outcome.before is not None:
             replaced = blob_hash(outcome.before)
@@ -92,8 +93,8 @@ async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> 
         await context.commit(
             DocumentSaved(
                 path=path,
-                written_blob=blob_hash(after),
-                bytes_written=len(after),
+                written_blob=written,
+                bytes_written=len(outcome.after),
                 replaced_blob=replaced,
                 disk_changed=outcome.changed,
                 reloaded=outcome.reloaded,
@@ -105,35 +106,43 @@ async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> 
         message = f"Document not open: {command.filePath}"
     elif outcome.status == "conflict":
         message = CONFLICT
+    elif outcome.status == "saved":  # written, but the file could not be read back
+        message = "Failed to save: the file could not be read back after :write; check it on disk"
     else:
         message = f"Failed to save: {vim_error(outcome.message)}"
-    await context.commit(DocumentSaveRefused(path=path, reason=outcome.status, message=message))
+    reason = "vim_error" if outcome.status == "saved" else outcome.status
+    await context.commit(DocumentSaveRefused(path=path, reason=reason, message=message))
     return SaveResult(success=False, filePath=command.filePath, saved=False, message=message)
 
 
 async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
+    editor = editor_of(context)
     expanded = os.path.expanduser(command.tab_name)
-    exact = os.path.realpath(expanded) if os.path.isabs(expanded) else None
-    outcome = await editor_of(context).close_tab(command.tab_name, exact)
-    if outcome.status == "closed":
-        blobs = {}
+    exact = expanded if os.path.isabs(expanded) else None
+    for _ in range(WIPE_ATTEMPTS):
+        match = await editor.find_tab(command.tab_name, exact)
+        if match.status != "found":
+            await context.commit(
+                TabCloseSkipped(tab_name=command.tab_name, reason=match.status, candidates=match.candidates)
+            )
+            return TAB_CLOSED
         discarded = None
-        if outcome.discarded is not None:
-            discarded = blob_hash(outcome.discarded)
-            blobs[discarded] = outcome.discarded
-        await context.commit(
-            TabClosed(
-                path=outcome.path,
-                tab_name=command.tab_name,
-                was_modified=outcome.modified,
-                discarded_blob=discarded,
-            ),
-            blobs=blobs,
-        )
-    else:
-        await context.commit(
-            TabCloseSkipped(tab_name=command.tab_name, reason=outcome.status, candidates=outcome.candidates)
-        )
+        if match.discarded is not None:
+            # Durable before the wipe: a close is never a loss, whatever happens next.
+            discarded = blob_hash(match.discarded)
+            await context.keep({discarded: match.discarded})
+        if await editor.wipe(match.buffer, match.tick):
+            await context.commit(
+                TabClosed(
+                    path=match.path,
+                    tab_name=command.tab_name,
+                    was_modified=match.modified,
+                    discarded_blob=discarded,
+                )
+            )
+            return TAB_CLOSED
+    # The user kept typing into it: leave their buffer alone rather than chase it.
+    await context.commit(TabCloseSkipped(tab_name=command.tab_name, reason="busy", candidates=[match.path]))
     return TAB_CLOSED
 
 

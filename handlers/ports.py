@@ -30,18 +30,21 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     reloaded: bool = False  # ...and the unmodified buffer was reloaded first
 
 
-class CloseOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What happened when Neovim was asked to wipe a buffer."""
+class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
+    """The buffer close_tab would wipe (found, not yet wiped), or why there is none."""
 
-    status: Literal["closed", "not_found", "ambiguous"]
+    status: Literal["found", "not_found", "ambiguous"]
+    buffer: int = 0
+    tick: int = 0  # b:changedtick when found: the wipe happens only if it is unchanged
     path: str = ""
     modified: bool = False
-    discarded: bytes | None = None  # unsaved text the wipe threw away
+    discarded: bytes | None = None  # unsaved text the wipe would throw away
     candidates: list[str] = []
 
 
 class Editor(Protocol):
-    """The user's Neovim. Paths are absolute and normalised. Faults raise `bus.Fault`s."""
+    """The user's Neovim. Paths are absolute with `~` expanded; the editor resolves symlinks.
+    Faults raise `bus.Fault`s."""
 
     async def open_editors(self) -> list[OpenEditor]: ...
 
@@ -51,7 +54,13 @@ class Editor(Protocol):
 
     async def save(self, path: str) -> SaveOutcome: ...
 
-    async def close_tab(self, tab_name: str, path: str | None) -> CloseOutcome: ...
+    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
+        """The one open buffer named exactly `path`, else the one ending in `/tab_name`."""
+        ...
+
+    async def wipe(self, buffer: int, tick: int) -> bool:
+        """Wipe a found buffer; False (nothing done) if it changed since it was found."""
+        ...
 
     def disconnect(self) -> None:
         """Let go of any connection (the server is stopping)."""

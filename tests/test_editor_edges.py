@@ -3,13 +3,14 @@ invalid arguments, and Neovim going away."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client
 
-from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
+from tests.conftest import JournalReader, NeovimProcess, json_of, server_params, text_of, toolbus
 from tests.test_editor_tools import make
 
 pytestmark = pytest.mark.anyio
@@ -312,3 +313,73 @@ async def test_a_running_neovim_is_discovered_without_configuration(
         assert [tab["label"] for tab in reply["tabs"]] == ["found.py"]
     finally:
         nvim.kill()
+
+
+async def test_discovery_prefers_the_neovim_working_in_the_agents_directory(
+    journal_path: Path, tmp_path: Path, files: Path, mode: str
+) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ours = NeovimProcess(tmp_path / "ours", address=str(runtime / "nvim.1.0"))
+    other = NeovimProcess(tmp_path / "other", address=str(runtime / "nvim.2.0"))  # newer socket
+    try:
+        ours.command(f"cd {files}")
+        ours.edit(make(files, "ours.py"))
+        other.command(f"cd {elsewhere}")
+        other.edit(make(elsewhere, "other.py"))
+        env = {"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
+        params = server_params(journal_path, None, env=env)
+        params.cwd = str(files)
+        with anyio.fail_after(30):
+            async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
+                reply = json_of(await client.call_tool("getOpenEditors", {}))
+        assert [tab["label"] for tab in reply["tabs"]] == ["ours.py"]
+    finally:
+        ours.kill()
+        other.kill()
+
+
+async def test_a_conflict_undone_by_the_user_saves_the_disk_version_without_a_prompt(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.command("set noautoread")
+    nvim.set_lines(path, ["mine"])
+    path.write_text("theirs\n")
+    assert json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))["saved"] is False
+    nvim.lua("vim.bo[vim.fn.bufnr(...)].modified = false", str(path))  # as if undone
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert reply["saved"] is True
+    assert path.read_text() == "theirs\n"
+    assert nvim.lines(path) == ["theirs"]
+
+
+async def test_close_tab_never_touches_hidden_buffers(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    visible, hidden = make(files, "x/a.py"), make(files, "y/a.py")
+    nvim.edit(visible)
+    nvim.lua("local b = vim.fn.bufadd(...); vim.fn.bufload(b); vim.bo[b].buflisted = false", str(hidden))
+    await client.call_tool("close_tab", {"tab_name": "a.py"})  # one open match: not ambiguous
+    assert str(visible) not in nvim.buffer_names()
+    assert nvim.lua("return vim.api.nvim_buf_is_loaded(vim.fn.bufnr(...))", str(hidden))
+
+
+async def test_unsaved_text_survives_a_close_whose_commit_fails(
+    client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py")
+    nvim.edit(path)
+    nvim.set_lines(path, ["precious"])
+    await client.call_tool("getOpenEditors", {})  # the journal exists from here on
+    with sqlite3.connect(journal_path) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.type = 'TabClosed'"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+    result = await client.call_tool("close_tab", {"tab_name": "a.py"})
+    assert result.is_error and "disk trouble" in text_of(result)
+    assert journal.rows("SELECT content FROM blobs") == [{"content": b"precious\n"}]
+    assert journal.commands("close_tab")[0]["status"] == "in_doubt"
