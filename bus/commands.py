@@ -30,6 +30,8 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     # Commands that change the world are journaled before they run (write-ahead);
     # queries are recorded together with their outcome in one transaction.
     mutates: ClassVar[bool] = False
+    # ...and of those, the ones whose change happens outside the journal (in Neovim, on disk).
+    acts_outside: ClassVar[bool] = False
 
 
 def absolute_path(field: str, value: str) -> str:
@@ -73,6 +75,7 @@ class SaveDocument(Command, frozen=True, kw_only=True):
     description = "Save a document with unsaved changes"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
     mutates = True
+    acts_outside = True
 
     filePath: ShortText
 
@@ -89,6 +92,7 @@ class CloseTab(Command, frozen=True, kw_only=True):
         "required": ["tab_name"],
     }
     mutates = True
+    acts_outside = True
 
     tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 

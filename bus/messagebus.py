@@ -142,14 +142,13 @@ class Bus:
         try:
             reply = await handler(command, context)
         except ToolbusError as error:
-            # A commit that failed leaves the write-ahead row in doubt: the change may be done.
-            if not context.commit_attempted:
+            if not _effect_unrecorded(command, context):
                 await self._finish_failed(record, command_id, str(error), _status_of(error, command))
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
             message = f"{record.tool} failed: internal error: {error!r}"
-            if not context.commit_attempted:
+            if not _effect_unrecorded(command, context):
                 await self._finish_failed(record, command_id, message)
             raise Fault(message) from error
         if not context.commit_attempted:
@@ -164,6 +163,13 @@ class Bus:
             await self._journal.finish(record, command_id, status, error=message)
         except ToolbusError:
             log.exception("could not journal the failure of %s", record.tool)
+
+
+def _effect_unrecorded(command: Command, context: HandlerContext[Any]) -> bool:
+    """The command changed something outside the journal, then failed to record it: its
+    write-ahead row must stay `in_doubt`. (A failed commit of a journal-only change, like a
+    memory save, rolled back whole: that is a plain failure.)"""
+    return context.commit_attempted and command.acts_outside
 
 
 def _status_of(error: ToolbusError, command: Command) -> Status:

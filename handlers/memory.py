@@ -22,7 +22,8 @@ from bus import (
     Timeline,
 )
 from bus.commands import ObservationType
-from handlers.ports import MemoryStore, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
 _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")

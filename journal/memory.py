@@ -23,7 +23,7 @@ import msgspec
 import sqlite_utils
 
 from bus import Caller, ObservationSaved
-from handlers.ports import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 
 if TYPE_CHECKING:
     from journal.store import SqliteJournal
@@ -420,7 +420,8 @@ def _read(work: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connecti
 
 
 class SqliteMemoryStore:
-    """`handlers.ports.MemoryStore` over the journal's observation tables, off the event loop."""
+    """The memory store the handlers ask (`handlers.ports.MemoryStore`): the observation
+    tables, queried off the event loop."""
 
     def __init__(self, journal: SqliteJournal) -> None:
         self._journal = journal

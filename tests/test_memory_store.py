@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
+from bus.queries import SearchQuery, TimelineQuery
 from handlers.memory import epoch_ms, observation_types
-from handlers.ports import SearchQuery, TimelineQuery
 from journal import SqliteJournal
 from journal.memory import (
     apply_observation,
