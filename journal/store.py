@@ -7,7 +7,6 @@ because every append happens inside an immediate (exclusive-writer) transaction.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -21,15 +20,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
-import anyio
 import msgspec
 
 from bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from bus.events import encode_event_data
 from journal.memory import apply_observation
 from journal.schema import check_identity, migrate
+
+if TYPE_CHECKING:  # asyncio and anyio load lazily: commands that only read never pay for them
+    import asyncio
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "OFF"]
@@ -175,6 +176,8 @@ class SqliteJournal:
         Shielded: once handed over, the work completes and its outcome is awaited even if the
         caller is cancelled, so a commit is never left unobserved.
         """
+        import anyio
+
         if self._worker is None:
             self._worker = _Worker()
         future = self._worker.submit(self.run_sync, work)
@@ -375,6 +378,8 @@ class _Worker:
     def submit(
         self, run: Callable[[Callable[[sqlite3.Connection], T]], T], work: Callable[[sqlite3.Connection], T]
     ) -> asyncio.Future[T]:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put((lambda: run(work), future, loop))
@@ -394,7 +399,7 @@ class _Worker:
                 _deliver(loop, future, result, None)
 
 
-_Job = tuple[Callable[[], object], "asyncio.Future[object]", asyncio.AbstractEventLoop]
+_Job = tuple[Callable[[], object], "asyncio.Future[object]", "asyncio.AbstractEventLoop"]
 
 
 def _deliver(

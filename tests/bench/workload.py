@@ -9,6 +9,7 @@ a tool call, minus the MCP round trip) and cached, keyed by the journal code tha
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import shutil
 import sys
@@ -21,7 +22,7 @@ from bus import Caller, CommandRecord, DocumentSaved, Event, ObservationSaved, T
 from journal import SqliteJournal
 from journal.store import Outcome
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SEED = 20260728
 BATCH = 1000
 DAY_NS = 86_400 * 1_000_000_000
@@ -59,17 +60,17 @@ class Corpus:
     """Draws titles and texts from a Zipf vocabulary."""
 
     words: list[str]
-    weights: list[float]
+    cumulative_weights: list[float]  # precomputed: `choices` would redo it on every call
     rng: random.Random
 
     @classmethod
     def make(cls, seed: int = SEED, size: int = 5000) -> Corpus:
         rng = random.Random(seed)
         words = vocabulary(size, rng)
-        return cls(words, [1 / (rank + 1) for rank in range(len(words))], rng)
+        return cls(words, list(itertools.accumulate(1 / (rank + 1) for rank in range(len(words)))), rng)
 
     def phrase(self, count: int) -> str:
-        return " ".join(self.rng.choices(self.words, self.weights, k=count))
+        return " ".join(self.rng.choices(self.words, cum_weights=self.cumulative_weights, k=count))
 
     def text(self) -> str:
         parts = [self.phrase(self.rng.randint(20, 60))]
