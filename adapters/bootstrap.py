@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
 
 from adapters.config import Settings
 from adapters.nvim import NvimEditor, find_nvim
@@ -22,9 +21,11 @@ class Services:
 
 
 def open_journal(settings: Settings, *, create: bool = True) -> SqliteJournal:
-    sync = cast(Literal["FULL", "NORMAL"], settings.journal_sync)
     return SqliteJournal(
-        settings.journal, busy_timeout=settings.journal_busy_timeout, synchronous=sync, create=create
+        settings.journal,
+        busy_timeout=settings.journal_busy_timeout,
+        synchronous=settings.journal_sync,
+        create=create,
     )
 
 

@@ -7,8 +7,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, cast, get_args
 
 from journal import default_journal_path
+
+SyncMode = Literal["FULL", "NORMAL"]  # FULL: durable across power loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +21,7 @@ class Settings:
     nvim_timeout: float
     agent: str
     department: str
-    journal_sync: str  # FULL (durable) or NORMAL
+    journal_sync: SyncMode
     journal_busy_timeout: float
 
 
@@ -56,20 +59,37 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     journal = getattr(args, "journal", None) or env.get("TOOLBUS_JOURNAL")
     return Settings(
-        journal=Path(journal).expanduser() if journal else default_journal_path(),
+        journal=Path(journal).expanduser() if journal else default_journal_path(env),
         nvim=getattr(args, "nvim", None),
-        nvim_timeout=_positive(getattr(args, "nvim_timeout", None) or env.get("TOOLBUS_NVIM_TIMEOUT") or 5.0),
+        nvim_timeout=_positive(
+            _first(getattr(args, "nvim_timeout", None), env.get("TOOLBUS_NVIM_TIMEOUT"), 5.0)
+        ),
         agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or "legacy",
         department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or "default",
-        journal_sync=(
+        journal_sync=_sync_mode(
             getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"
-        ).upper(),
+        ),
         journal_busy_timeout=5.0,
     )
 
 
+def _first(*values: float | str | None) -> float | str:
+    """The first value that was given at all (0 counts: it is refused, not replaced)."""
+    return next(value for value in values if value is not None and value != "")
+
+
 def _positive(value: float | str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {value}")
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:
+        raise ValueError(f"--nvim-timeout: expected a positive number of seconds, got {value}")
     return number
+
+
+def _sync_mode(value: str) -> SyncMode:
+    mode = value.upper()
+    if mode not in get_args(SyncMode):
+        raise ValueError(f"--journal-sync: expected FULL or NORMAL, got {value}")
+    return cast(SyncMode, mode)

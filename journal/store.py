@@ -53,9 +53,11 @@ CHECKPOINT_DELAY = 0.05
 FALLBACK_CHECKPOINT_PAGES = 10_000
 
 
-def default_journal_path() -> Path:
+def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
     """`$XDG_STATE_HOME/toolbus/journal.db`, i.e. `~/.local/state/toolbus/journal.db`."""
-    state_home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    state_home = (os.environ if env is None else env).get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
     return Path(state_home) / "toolbus" / "journal.db"
 
 

@@ -1,0 +1,83 @@
+"""Settings: flags win over environment variables, and a bad value is refused, not replaced."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from adapters.config import add_settings_arguments, settings_from
+
+
+def settings(*flags: str, **env: str):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    return settings_from(parser.parse_args(flags), env)
+
+
+def test_defaults_follow_the_xdg_state_directory() -> None:
+    current = settings(XDG_STATE_HOME="/state")
+    assert current.journal == Path("/state/toolbus/journal.db")
+    assert (current.nvim_timeout, current.agent, current.department, current.journal_sync) == (
+        5.0,
+        "legacy",
+        "default",
+        "FULL",
+    )
+
+
+def test_flags_win_over_the_environment() -> None:
+    current = settings(
+        "--journal",
+        "/j.db",
+        "--nvim-timeout",
+        "2",
+        "--agent",
+        "a",
+        "--department",
+        "d",
+        "--journal-sync",
+        "normal",
+        TOOLBUS_JOURNAL="/env.db",
+        TOOLBUS_NVIM_TIMEOUT="9",
+        TOOLBUS_AGENT="x",
+        TOOLBUS_DEPARTMENT="y",
+        TOOLBUS_JOURNAL_SYNC="FULL",
+    )
+    assert (
+        current.journal,
+        current.nvim_timeout,
+        current.agent,
+        current.department,
+        current.journal_sync,
+    ) == (
+        Path("/j.db"),
+        2.0,
+        "a",
+        "d",
+        "NORMAL",
+    )
+
+
+def test_the_environment_is_used_without_flags() -> None:
+    current = settings(TOOLBUS_JOURNAL="~/j.db", TOOLBUS_NVIM_TIMEOUT="0.5", TOOLBUS_AGENT="claude")
+    assert current.journal == Path("~/j.db").expanduser()
+    assert (current.nvim_timeout, current.agent) == (0.5, "claude")
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (("--nvim-timeout", "0"), {}, "--nvim-timeout: expected a positive number of seconds, got 0"),
+        (
+            (),
+            {"TOOLBUS_NVIM_TIMEOUT": "soon"},
+            "--nvim-timeout: expected a positive number of seconds, got soon",
+        ),
+        ((), {"TOOLBUS_JOURNAL_SYNC": "OFF"}, "--journal-sync: expected FULL or NORMAL, got OFF"),
+    ],
+)
+def test_bad_values_are_refused(flags: tuple[str, ...], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings(*flags, **env)
