@@ -217,6 +217,8 @@ async def test_an_unknown_tool_is_an_error(client: Client, journal: JournalReade
     result = await client.call_tool("formatDisk", {})
     assert result.is_error
     assert "unknown tool" in text_of(result)
+    [command] = journal.commands()
+    assert (command["tool"], command["status"]) == ("formatDisk", "rejected")
 
 
 # --- Neovim unreachable, restarted ---------------------------------------------------------

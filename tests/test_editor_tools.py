@@ -171,10 +171,10 @@ async def test_close_of_an_unknown_buffer_still_answers_tab_closed(
 
 async def test_close_forces_a_modified_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py")
-    nvim.edit(path)
+    bufnr = nvim.edit(path)
     nvim.set_lines(path, ["unsaved"])
     assert text_of(await client.call_tool("close_tab", {"tab_name": str(path)})) == "TAB_CLOSED"
-    assert str(path) not in nvim.buffer_names()
+    assert not nvim.lua("return vim.api.nvim_buf_is_valid(...)", bufnr)  # wiped, not just unlisted
     assert path.read_text() == "print('hello')\n"
 
 
