@@ -150,12 +150,22 @@ def fill(journal: SqliteJournal, source: Iterator[Outcome], count: int, label: s
             print(f"    {label}: {done:,}/{count:,} ({rate:,.0f}/s)", file=sys.stderr, flush=True)
 
 
-def journal_code_version() -> str:
-    """A digest of the code that decides what a journal file holds: a cache key."""
-    digest = hashlib.sha256(str(GENERATOR_VERSION).encode())
-    for folder in ("journal", "bus"):
-        for source in sorted((Path(__file__).parents[2] / folder).glob("*.py")):
-            digest.update(source.read_bytes())
+def journal_schema_version() -> str:
+    """A digest of what a new journal's schema is (tables, indexes, FTS, triggers): the cache
+    key, so an unrelated code change does not cost a regeneration. `--fresh` forces one."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        journal = SqliteJournal(Path(folder) / "schema.db")
+        try:
+            schema = journal.run_sync(
+                lambda conn: conn.execute(
+                    "SELECT type, name, sql FROM sqlite_master ORDER BY name"
+                ).fetchall()
+            )
+        finally:
+            journal.close()
+    digest = hashlib.sha256(f"{GENERATOR_VERSION} {schema}".encode())
     return digest.hexdigest()[:12]
 
 
@@ -164,7 +174,7 @@ def cached_journal(cache: Path, kind: str, count: int, *, fresh: bool = False) -
 
     kind "mixed": saves, document saves and closes; kind "observations": memory saves only.
     """
-    path = cache / f"{kind}-{count}-{journal_code_version()}.db"
+    path = cache / f"{kind}-{count}-{journal_schema_version()}.db"
     if path.exists() and not fresh:
         return path
     cache.mkdir(parents=True, exist_ok=True)
@@ -185,6 +195,9 @@ def cached_journal(cache: Path, kind: str, count: int, *, fresh: bool = False) -
 
 
 def scratch_copy(source: Path, target: Path) -> Path:
-    """A private copy of a cached journal, for benchmarks that write to it."""
+    """A private copy of a cached journal, for benchmarks that write to it. A -wal or -shm
+    left beside the target would be applied to the new copy and corrupt it: removed first."""
+    for stale in (Path(f"{target}-wal"), Path(f"{target}-shm")):
+        stale.unlink(missing_ok=True)
     shutil.copyfile(source, target)
     return target
