@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adapters.config import Settings
+from adapters.files import LocalFiles
 from adapters.nvim import NvimEditor, find_nvim
-from bus import TOOL_COMMANDS, Bus
-from handlers import HANDLERS, Editor, MemoryStore
+from bus import TOOL_COMMANDS, Bus, Command, RestoreFile
+from handlers import HANDLERS, Editor, Files, MemoryStore, Texts
 from journal import SqliteJournal
+from journal.audit import JournalTexts
 from journal.memory import SqliteMemoryStore
+
+# Commands only the command line runs: never listed as MCP tools.
+CLI_COMMANDS: tuple[type[Command], ...] = (RestoreFile,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +23,8 @@ class Services:
 
     editor: Editor
     memory: MemoryStore
+    files: Files
+    texts: Texts
 
 
 def open_journal(settings: Settings, *, create: bool = True) -> SqliteJournal:
@@ -29,7 +36,14 @@ def open_journal(settings: Settings, *, create: bool = True) -> SqliteJournal:
     )
 
 
-def build_bus(settings: Settings, journal: SqliteJournal, editor: Editor | None = None) -> Bus:
+def build_bus(
+    settings: Settings, journal: SqliteJournal, editor: Editor | None = None, *, cli: bool = False
+) -> Bus:
+    """The bus for `serve` (the MCP tools), or with `cli` also the commands only the command
+    line runs (`toolbus recover --apply`)."""
     editor = editor or NvimEditor(lambda: find_nvim(settings.nvim), settings.nvim_timeout)
-    services = Services(editor=editor, memory=SqliteMemoryStore(journal))
-    return Bus({cmd.tool: cmd for cmd in TOOL_COMMANDS}, HANDLERS, journal, services)
+    services = Services(
+        editor=editor, memory=SqliteMemoryStore(journal), files=LocalFiles(), texts=JournalTexts(journal)
+    )
+    commands = TOOL_COMMANDS + CLI_COMMANDS if cli else TOOL_COMMANDS
+    return Bus({cmd.tool: cmd for cmd in commands}, HANDLERS, journal, services)

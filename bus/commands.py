@@ -97,6 +97,39 @@ class CloseTab(Command, frozen=True, kw_only=True):
     tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 
+# --- the command line -------------------------------------------------------------------
+
+BlobHash = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class RestoreFile(Command, frozen=True, kw_only=True):
+    """`toolbus recover --apply`: write a text the journal keeps back to a file. Not an MCP
+    tool (it is not in `TOOL_COMMANDS`): only the command line runs it."""
+
+    tool = "recover"
+    description = "Write a text the journal keeps (a replaced or discarded text) back to its file"
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Absolute path of the file to write"},
+            "blob": {"type": "string", "description": "SHA-256 of the journal's text to write"},
+            "event": {"type": "integer", "minimum": 1, "description": "Position of the event it comes from"},
+            "event_id": {"type": "string", "description": "That event's id"},
+        },
+        "required": ["path", "blob", "event"],
+    }
+    mutates = True
+    acts_outside = True
+
+    path: ShortText
+    blob: BlobHash
+    event: Annotated[int, msgspec.Meta(ge=1)]
+    event_id: ShortText | None = None
+
+    def __post_init__(self) -> None:
+        absolute_path("path", self.path)
+
+
 # --- memory ----------------------------------------------------------------------------
 
 _OBSERVATION_TYPES = list(get_args(ObservationType))

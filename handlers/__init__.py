@@ -8,13 +8,14 @@ from bus import (
     GetObservations,
     GetOpenEditors,
     Handler,
+    RestoreFile,
     SaveDocument,
     SaveObservation,
     SearchObservations,
     Timeline,
 )
-from handlers import editor, memory
-from handlers.ports import Editor, MemoryStore, OpenEditor, SaveOutcome, TabMatch
+from handlers import editor, memory, restore
+from handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,
@@ -25,6 +26,7 @@ HANDLERS: dict[type[Command], Handler] = {
     SearchObservations: memory.search,
     Timeline: memory.timeline,
     GetObservations: memory.get_observations,
+    RestoreFile: restore.restore_file,  # not an MCP tool: `toolbus recover --apply`
 }
 
-__all__ = ["HANDLERS", "Editor", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch"]
+__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch", "Texts"]

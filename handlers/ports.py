@@ -77,3 +77,25 @@ class MemoryStore(Protocol):
     async def timeline(self, query: TimelineQuery, viewer: Caller) -> TimelinePage: ...
 
     async def get_observations(self, ids: list[int], viewer: Caller) -> Observations: ...
+
+
+class Files(Protocol):
+    """Files on this machine, for restores. A file that cannot be read or written raises a
+    `bus.Fault` saying it cannot be written (reading it is the first step of replacing it)."""
+
+    async def read(self, path: str) -> bytes | None:
+        """What `path` holds now; None when there is no file."""
+        ...
+
+    async def replace(self, path: str, content: bytes) -> bytes | None:
+        """Write `content` to `path` in one rename, keeping its permissions; return the bytes it
+        replaced (None when there was no file)."""
+        ...
+
+
+class Texts(Protocol):
+    """Texts the journal keeps (saved, replaced and discarded), by content address."""
+
+    async def text(self, digest: str) -> bytes | None:
+        """The text whose SHA-256 is `digest`; None when the journal does not hold it."""
+        ...

@@ -14,11 +14,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from bus import decode_event
+
+if TYPE_CHECKING:
+    from journal.store import SqliteJournal
 
 STATUSES = ("ok", "rejected", "failed", "in_doubt")
 # Event data fields that name a blob, and what the blob's text is to a person.
@@ -370,10 +373,25 @@ def recoverable(conn: sqlite3.Connection, event: StoredEvent) -> Recoverable:
 
 
 def blob(conn: sqlite3.Connection, digest: str) -> bytes:
-    row = conn.execute("SELECT content FROM blobs WHERE hash = ?", (digest,)).fetchone()
-    if row is None:
+    found = blob_if_any(conn, digest)
+    if found is None:
         raise ValueError(f"the journal has lost blob {digest}: it cannot be recovered")
-    return bytes(row[0])
+    return found
+
+
+def blob_if_any(conn: sqlite3.Connection, digest: str) -> bytes | None:
+    row = conn.execute("SELECT content FROM blobs WHERE hash = ?", (digest,)).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+class JournalTexts:
+    """`handlers.ports.Texts`: the journal's blobs, read on its own thread (off the event loop)."""
+
+    def __init__(self, journal: SqliteJournal) -> None:
+        self._journal = journal
+
+    async def text(self, digest: str) -> bytes | None:
+        return await self._journal.run(lambda conn: blob_if_any(conn, digest))
 
 
 # --- decoding ----------------------------------------------------------------------------

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from tests.conftest import json_of, toolbus
+from adapters.bootstrap import Services
+from adapters.files import LocalFiles
+from adapters.nvim import NvimEditor
+from bus import Bus, Caller, CommandRecord, Journal, JournalUnavailable, RestoreFile, Status, blob_hash
+from handlers import HANDLERS, Files
+from handlers.restore import Restored
+from journal import SqliteJournal
+from journal.audit import JournalTexts
+from journal.memory import SqliteMemoryStore
+from tests.conftest import JournalReader, json_of, text_of, toolbus
 from tests.journal_helpers import EditorSession, cli, record_editor_session
 
 
@@ -179,3 +189,99 @@ def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_sess
     assert command["status"] == "failed" and "cannot write" in command["error"]
     assert s.reader.events("FileRestored") == []
     assert a.is_dir() and list(a.iterdir()) == []
+
+
+# --- recover --apply is a bus command, and only the command line's ----------------------
+
+RECORDED = b"recorded\n"
+
+
+class FailingCommits:
+    """A journal whose outcome commits fail, as on a disk that fills up mid-command."""
+
+    def __init__(self, journal: SqliteJournal) -> None:
+        self.journal = journal
+
+    async def begin(self, record: CommandRecord) -> int:
+        return await self.journal.begin(record)
+
+    async def finish(
+        self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any
+    ) -> list[int]:
+        raise JournalUnavailable("disk full")
+
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        await self.journal.keep_blobs(blobs)
+
+
+async def restore_in_process(
+    journal_path: Path,
+    target: Path,
+    files: Files,
+    wrap: Callable[[SqliteJournal], Journal] = lambda journal: journal,
+) -> Restored:
+    """`recover --apply` of RECORDED to `target`, through a bus wired as the command line's."""
+    store = SqliteJournal(journal_path)
+    try:
+        await store.keep_blobs({blob_hash(RECORDED): RECORDED})
+        services = Services(
+            editor=NvimEditor(lambda: None),
+            memory=SqliteMemoryStore(store),
+            files=files,
+            texts=JournalTexts(store),
+        )
+        bus = Bus({RestoreFile.tool: RestoreFile}, HANDLERS, wrap(store), services)
+        arguments = {"path": str(target), "blob": blob_hash(RECORDED), "event": 1}
+        with anyio.fail_after(30):
+            reply = await bus.handle("recover", arguments, Caller(agent="rescuer"))
+    finally:
+        store.close()
+    assert isinstance(reply, Restored)
+    return reply
+
+
+@pytest.mark.anyio
+async def test_apply_keeps_the_text_it_replaces_before_writing(tmp_path: Path) -> None:
+    target, journal = tmp_path / "notes.txt", tmp_path / "journal.db"
+    target.write_bytes(b"current\n")
+    reader = JournalReader(journal)
+
+    class Checked(LocalFiles):
+        async def replace(self, path: str, content: bytes) -> bytes | None:
+            assert reader.blob(blob_hash(b"current\n")) == b"current\n"  # durable before the write
+            return await super().replace(path, content)
+
+    reply = await restore_in_process(journal, target, Checked())
+    assert target.read_bytes() == RECORDED
+    [restored] = reader.events("FileRestored")
+    assert reply.position == restored["position"]
+    assert restored["data"]["replaced_blob"] == blob_hash(b"current\n")
+
+
+@pytest.mark.anyio
+async def test_apply_whose_outcome_cannot_be_journaled_stays_in_doubt_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    target, journal = tmp_path / "notes.txt", tmp_path / "journal.db"
+    target.write_bytes(b"current\n")
+    with pytest.raises(JournalUnavailable):
+        await restore_in_process(journal, target, LocalFiles(), FailingCommits)
+    assert target.read_bytes() == RECORDED  # the write happened; the journal could not say so
+    reader = JournalReader(journal)
+    [command] = reader.commands("recover")
+    assert command["status"] == "in_doubt"
+    assert reader.blob(blob_hash(b"current\n")) == b"current\n"  # what it overwrote is kept
+    assert reader.events() == []
+
+
+@pytest.mark.anyio
+async def test_an_agent_can_neither_see_nor_call_recover(tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    with anyio.fail_after(60):
+        async with toolbus(tmp_path / "journal.db", None) as client:
+            assert "recover" not in {tool.name for tool in (await client.list_tools()).tools}
+            arguments = {"path": str(target), "blob": "0" * 64, "event": 1}
+            result = await client.call_tool("recover", arguments)
+    assert result.is_error and "unknown tool" in text_of(result)
+    assert target.read_text() == "mine\n"

@@ -1,0 +1,70 @@
+"""Files on this machine (`handlers.ports.Files`): read, and replaced in one rename.
+
+Blocking file I/O runs in a worker thread, off the event loop. An OS error is a `bus.Fault`
+naming the file; nothing half-written is ever left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+
+from bus import Fault
+
+T = TypeVar("T")
+
+
+class LocalFiles:
+    """`handlers.ports.Files` on the local filesystem."""
+
+    async def read(self, path: str) -> bytes | None:
+        return await _off_loop(path, lambda: read_if_any(Path(path)))
+
+    async def replace(self, path: str, content: bytes) -> bytes | None:
+        def work() -> bytes | None:
+            before = read_if_any(Path(path))
+            write_atomically(Path(path), content)
+            return before
+
+        return await _off_loop(path, work)
+
+
+async def _off_loop(path: str, work: Callable[[], T]) -> T:
+    try:
+        return await anyio.to_thread.run_sync(work)
+    except OSError as error:
+        raise Fault(f"cannot write {path}: {error.strerror or error}") from error
+
+
+def read_if_any(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    """Replace `path` with `content` in one rename, keeping its permissions: a reader (or a
+    crash) sees the old text or the new, never half of it."""
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".toolbus", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,49 @@
+"""The restore handler (`toolbus recover --apply`): a text the journal keeps, written back to
+its file. What the write replaces is kept in the journal first, so a restore is undoable."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+
+from bus import Fault, FileRestored, HandlerContext, RestoreFile, blob_hash
+from handlers.ports import Files, Texts
+
+
+class Restored(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    position: int  # the FileRestored event's: `toolbus recover` on it undoes the restore
+    bytes_written: int
+    bytes_replaced: int | None  # None: there was no file
+
+
+async def restore_file(command: RestoreFile, context: HandlerContext[Any]) -> Restored:
+    files: Files = context.services.files
+    texts: Texts = context.services.texts
+    path = os.path.expanduser(command.path)
+    content = await texts.text(command.blob)
+    if content is None:
+        raise Fault(f"the journal has lost blob {command.blob}: it cannot be recovered")
+    before = await files.read(path)
+    if before is not None:
+        # Durable before the write: whatever happens next, what it overwrites is not lost.
+        await context.keep({blob_hash(before): before})
+    replaced = await files.replace(path, content)
+    blobs = {command.blob: content}
+    if replaced is not None:  # normally `before`; it differs if the file changed in between
+        blobs[blob_hash(replaced)] = replaced
+    event = FileRestored(
+        path=path,
+        from_position=command.event,
+        written_blob=command.blob,
+        replaced_blob=blob_hash(replaced) if replaced is not None else None,
+    )
+    [position] = await context.commit(event, blobs=blobs)
+    return Restored(
+        path=path,
+        position=position,
+        bytes_written=len(content),
+        bytes_replaced=len(replaced) if replaced is not None else None,
+    )
