@@ -108,8 +108,8 @@ class SqliteJournal:
             raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            check_identity(conn)  # before WAL mode, which would change a stranger's file
-            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
+            _check_identity_in_one_snapshot(conn)  # before WAL mode, which would change a stranger's file
+            if self._enter_wal_mode(conn).lower() != "wal":
                 raise JournalUnavailable(f"the journal at {self.path} cannot use WAL mode")
             conn.execute(f"PRAGMA synchronous = {synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -123,6 +123,18 @@ class SqliteJournal:
                 raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
             raise
         return conn
+
+    def _enter_wal_mode(self, conn: sqlite3.Connection) -> str:
+        """`PRAGMA journal_mode = WAL`, retried: when several processes open a new journal at
+        once, the switch can answer "locked" at once, without waiting out the busy timeout."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
 
     def _create_file(self) -> None:
         try:
@@ -311,6 +323,18 @@ def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at
     if projection := PROJECTIONS.get(type(event)):
         projection(conn, position, event)
     return position
+
+
+def _check_identity_in_one_snapshot(conn: sqlite3.Connection) -> None:
+    """`check_identity` inside one read transaction. Its statements would otherwise each see
+    the file as it is then, and another process's migration committing between them would
+    make a half-seen journal (tables, no application id yet) look like a stranger's database."""
+    conn.execute("BEGIN")
+    try:
+        check_identity(conn)
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -3,6 +3,7 @@ positions gapless and unique, and no "database is locked" ever reaching a client
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,3 +105,39 @@ def test_four_servers_share_one_journal(tmp_path: Path, journal_path: Path) -> N
 def test_four_servers_times_two_thousand_calls(tmp_path: Path, journal_path: Path) -> None:
     agents = run_agents(tmp_path, journal_path, processes=4, calls=2000)
     check(journal_path, agents, calls=2000)
+
+
+def test_servers_opening_a_new_journal_at_once_all_succeed(tmp_path: Path) -> None:
+    """Four openers race to create one journal, a hundred times over. Each must see either
+    nothing or a whole journal, never a half-created one as "a database of something else",
+    and none may fail on "locked" while another switches the file to WAL."""
+    import shutil
+    import tempfile
+
+    from journal import SqliteJournal
+
+    shm = Path("/dev/shm")
+    base = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    failures: list[str] = []
+    try:
+        for attempt in range(100):
+            journal = base / f"race{attempt}" / "journal.db"
+            start = threading.Barrier(4)
+
+            def open_journal(journal: Path = journal, start: threading.Barrier = start) -> None:
+                start.wait(timeout=10)
+                try:
+                    SqliteJournal(journal).close()
+                except Exception as error:
+                    failures.append(str(error))
+
+            threads = [threading.Thread(target=open_journal) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert_sound(journal)
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
+    assert failures == []
