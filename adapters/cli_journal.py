@@ -417,7 +417,12 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
         "editor",
         help="re-apply recorded saves and closes, in order, to a Neovim",
         description="Re-apply recorded saves (the exact text written, from the journal), restores and "
-        "closes, in journal order, to the Neovim at --nvim: a session's files are reproduced there.",
+        "closes, in journal order, to the Neovim at --nvim: a session's files are reproduced there. "
+        "A buffer with unsaved changes is never overwritten or wiped: the replay stops there. A file "
+        "that holds text the journal does not have for it (edited since, or another file where --map "
+        "puts it) is first copied to FILE.~N~, numbered so that an earlier copy is never overwritten. "
+        "Every Neovim request waits at most --nvim-timeout seconds: a blocked Neovim stops the replay "
+        "with an error, never a hang.",
     )
     add_settings_arguments(editor)
     editor.add_argument("--from", dest="start", metavar="POSITION", help="first event position to replay")
@@ -478,7 +483,6 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     from adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
-    for step in replay_to_neovim(settings.nvim, steps):
-        print(step.describe())
+    replay_to_neovim(settings.nvim, settings.nvim_timeout, steps, lambda done: print(done, flush=True))
     print(f"replayed {len(steps)} step{'s' if len(steps) != 1 else ''} to Neovim at {settings.nvim}")
     return 0

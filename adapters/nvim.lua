@@ -43,15 +43,24 @@ local function same_file(buf, wanted)
   return name == wanted or normalise(name) == wanted
 end
 
--- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
-local function find_open(path)
-  local wanted = normalise(path)
-  for _, buf in ipairs(open_buffers()) do
+local function find_in(buffers, wanted)
+  for _, buf in ipairs(buffers) do
     if same_file(buf, wanted) then
       return buf
     end
   end
   return nil
+end
+
+-- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
+local function find_open(path)
+  return find_in(open_buffers(), normalise(path))
+end
+
+-- Any buffer named `path` by the same rule, even hidden, unlisted or unloaded: one that a
+-- replay would reload or wipe.
+local function find_any(path)
+  return find_open(path) or find_in(api.nvim_list_bufs(), normalise(path))
 end
 
 -- :checktime without its prompt. An unmodified buffer is reloaded; a modified one is left
@@ -200,6 +209,152 @@ function M.wipe(buf, tick)
   end
   api.nvim_buf_delete(buf, { force = true })
   return true
+end
+
+-- --- `toolbus replay editor` ----------------------------------------------------------
+-- A replay writes the recorded bytes to the file as they are: never through :write, whose
+-- conversions (fileformat, eol, encoding) and BufWritePre hooks would change them.
+
+local uv = vim.uv
+
+local function write_all(fd, text, name)
+  local done = 0
+  while done < #text do
+    local count, err = uv.fs_write(fd, text:sub(done + 1), done)
+    if not count then
+      error('cannot write ' .. name .. ': ' .. err, 0)
+    end
+    done = done + count
+  end
+  assert(uv.fs_fsync(fd))
+end
+
+-- `text` in a new file `name` (never an existing one) with permissions `mode`.
+local function create(name, text, mode)
+  local fd, err, code = uv.fs_open(name, 'wx', mode)
+  if not fd then
+    return nil, err, code
+  end
+  local ok, failed = pcall(write_all, fd, text, name)
+  uv.fs_close(fd)
+  if not ok then
+    uv.fs_unlink(name)
+    error(failed, 0)
+  end
+  return name
+end
+
+-- What `name` holds; nil when there is no file. A file that cannot be read is an error:
+-- it must never pass for an absent one and be overwritten unkept.
+local function existing_text(name)
+  local stat = uv.fs_stat(name)
+  if not stat then
+    return nil, nil
+  end
+  if stat.type ~= 'file' then
+    error('cannot write ' .. name .. ': it is a ' .. stat.type, 0)
+  end
+  local file, err = io.open(name, 'rb')
+  local content = file and file:read('*a')
+  if file then
+    file:close()
+  end
+  if not content then
+    error('cannot read ' .. name .. ' to keep what it holds: ' .. tostring(err), 0)
+  end
+  return content, bit.band(stat.mode, 4095)
+end
+
+-- `text` copied to the first free `name.~N~`: an earlier copy is never overwritten.
+local function keep_copy(name, text, mode)
+  for n = 1, 100000 do
+    local copy, err, code = create(('%s.~%d~'):format(name, n), text, bit.band(mode, 511))
+    if copy then
+      return copy
+    elseif code ~= 'EEXIST' then
+      error('cannot keep what ' .. name .. ' holds: ' .. err, 0)
+    end
+  end
+  error('cannot keep what ' .. name .. ' holds: too many copies of it already', 0)
+end
+
+-- `name` replaced by `text` in one rename, keeping its permissions: a reader, or a crash,
+-- sees the old text or the new, never half of it.
+local function write_atomically(name, text, mode)
+  local folder, base = vim.fs.dirname(name), vim.fs.basename(name)
+  local temp = ('%s/.%s.%d-%d.toolbus'):format(folder, base, uv.os_getpid(), uv.hrtime())
+  local _, err = create(temp, text, 438) -- 0666, less the umask
+  if err then
+    error('cannot write ' .. name .. ': ' .. err, 0)
+  end
+  local ok, failed = pcall(function()
+    if mode then
+      assert(uv.fs_chmod(temp, mode))
+    end
+    assert(uv.fs_rename(temp, name))
+  end)
+  if not ok then
+    uv.fs_unlink(temp)
+    error('cannot write ' .. name .. ': ' .. tostring(failed), 0)
+  end
+end
+
+-- Write `text`; if the file held anything else than `text` or one of `known` (texts the
+-- journal has for it), copy that first. Returns the copy's name, or nil.
+local function write_keeping(name, text, known)
+  vim.fn.mkdir(vim.fs.dirname(name), 'p')
+  local current, mode = existing_text(name)
+  local kept = nil
+  if current and current ~= text and not vim.list_contains(known, current) then
+    kept = keep_copy(name, current, mode)
+  end
+  write_atomically(name, text, mode)
+  return kept
+end
+
+-- Show the file in a listed buffer, (re)loaded from disk. :edit! re-reads it, so Neovim
+-- never finds the file "changed since reading it" later, and asks nothing.
+local function show(buf)
+  if api.nvim_buf_is_loaded(buf) then
+    api.nvim_buf_call(buf, function()
+      vim.cmd('silent edit!')
+    end)
+  else
+    vim.bo[buf].swapfile = false -- no "ATTENTION" prompt if another Neovim has the file open
+    vim.fn.bufload(buf)
+  end
+  vim.bo[buf].buflisted = true
+end
+
+-- Replay a save: `path` holds exactly `text`, and Neovim shows it, unmodified. A buffer with
+-- unsaved changes is left alone and nothing is written.
+function M.replace(path, text, known)
+  local buf = find_any(path)
+  if buf and api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
+    return { status = 'modified' }
+  end
+  local written, kept = pcall(write_keeping, normalise(path), text, known)
+  if not written then
+    return { status = 'error', message = kept }
+  end
+  local shown, err = pcall(show, buf or vim.fn.bufadd(path))
+  if not shown then
+    return { status = 'error', message = err, kept = kept }
+  end
+  return { status = 'written', kept = kept }
+end
+
+-- Replay a close: wipe the buffer of `path`, unless it has unsaved changes.
+function M.close(path)
+  local buf = find_any(path)
+  if not buf then
+    return 'not_open'
+  end
+  if api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
+    return 'modified'
+  end
+  api.nvim_buf_delete(buf, { force = true })
+  return 'closed'
 end
 
 -- A toolbus conflict mark ends when the user writes or re-reads the buffer.

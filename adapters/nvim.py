@@ -17,10 +17,10 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import msgspec
@@ -212,6 +212,17 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 # --- the Editor adapter ----------------------------------------------------------------
 
 
+FileClosed = Literal["closed", "not_open", "modified"]  # what `NvimEditor.close_file` did
+
+
+class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):
+    """What `NvimEditor.replace_file` did."""
+
+    status: Literal["written", "modified", "error"]  # modified: a buffer has unsaved changes
+    message: str = ""
+    kept: str | None = None  # where what the file held was copied (`path.~N~`), if it was
+
+
 class NvimEditor:
     """`handlers.ports.Editor` on a real Neovim."""
 
@@ -240,6 +251,18 @@ class NvimEditor:
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         return bool(await self._lua("wipe", buffer, tick))
+
+    # `toolbus replay editor`: not part of the Editor protocol, no MCP tool does this
+
+    async def replace_file(self, path: str, text: bytes, known: Sequence[bytes] = ()) -> FileReplaced:
+        """Write `text` to `path` byte for byte and show it in a buffer reloaded from it. A file
+        holding anything but `text` or one of `known` is copied to `path.~N~` first. Nothing
+        is done when a buffer of `path` has unsaved changes."""
+        return msgspec.convert(await self._lua("replace", path, text, list(known)), FileReplaced)
+
+    async def close_file(self, path: str) -> FileClosed:
+        """Wipe the buffer of `path`, unless it has unsaved changes."""
+        return msgspec.convert(await self._lua("close", path), FileClosed)
 
     # plumbing
 

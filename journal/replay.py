@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bus import ObservationSaved, decode_event
-from journal.audit import blob
+from bus import DocumentSaved, FileRestored, ObservationSaved, decode_event
+from journal.audit import blob, blob_if_any
 
 _OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved' ORDER BY position"
-_EDITOR_TYPES = ("DocumentSaved", "FileRestored", "TabClosed")
+_WRITE_TYPES = ("DocumentSaved", "FileRestored")
+_EDITOR_TYPES = (*_WRITE_TYPES, "TabClosed")
+_LAST = 2**63 - 1
 # FTS5 and FTS4 keep their index in shadow tables named after the virtual table.
 _SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config", "_segments", "_segdir", "_stat")
 _MAX_REPORTED = 20  # differences listed per table; the count covers all
@@ -160,6 +162,10 @@ class EditorStep:
     recorded_path: str
     source: str  # the event type it comes from
     content: bytes | None = None
+    # Texts the journal has for this file around this step (what it replaced, what the last
+    # write before it and the last write of all wrote): a file holding one loses nothing
+    # when it is overwritten.
+    known: tuple[bytes, ...] = ()
 
     def describe(self) -> str:
         moved = f" (recorded as {self.recorded_path})" if self.path != self.recorded_path else ""
@@ -198,7 +204,7 @@ def editor_steps(
     cursor = conn.execute(
         f"SELECT position, type, version, data FROM events WHERE type IN ({marks})"
         " AND position BETWEEN ? AND ? ORDER BY position",
-        (*_EDITOR_TYPES, start or 0, end if end is not None else 2**63 - 1),
+        (*_EDITOR_TYPES, start or 0, end if end is not None else _LAST),
     )
     for position, type_name, version, data in cursor.fetchall():
         event: Any = decode_event(type_name, version, data)
@@ -215,4 +221,32 @@ def editor_steps(
                 recorded_path=event.path,
                 source=type_name,
                 content=blob(conn, event.written_blob),
+                known=_known_texts(conn, event, position),
             )
+
+
+def _known_texts(
+    conn: sqlite3.Connection, event: DocumentSaved | FileRestored, position: int
+) -> tuple[bytes, ...]:
+    candidates = (
+        event.replaced_blob,
+        _written(conn, event.path, position),
+        _written(conn, event.path, _LAST),
+    )
+    digests = {digest for digest in candidates if digest is not None and digest != event.written_blob}
+    texts = (blob_if_any(conn, digest) for digest in sorted(digests))
+    return tuple(text for text in texts if text is not None)
+
+
+def _written(conn: sqlite3.Connection, path: str, before: int) -> str | None:
+    """What the last recorded write of `path` before position `before` wrote (its blob)."""
+    row = conn.execute(
+        "SELECT type, version, data FROM events WHERE stream = ? AND type IN (?, ?) AND position < ?"
+        " ORDER BY position DESC LIMIT 1",
+        (f"file:{path}", *_WRITE_TYPES, before),
+    ).fetchone()
+    if row is None:
+        return None
+    event = decode_event(*row)
+    assert isinstance(event, DocumentSaved | FileRestored)
+    return event.written_blob

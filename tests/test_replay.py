@@ -314,3 +314,93 @@ def test_replay_editor_never_overwrites_unsaved_changes(
     )
     assert second_nvim.lines(out / "a.txt") == ["my unsaved work"]
     assert (out / "a.txt").read_text() == "mine\n"
+
+
+def test_replay_editor_keeps_what_a_file_held_that_the_journal_does_not_have(
+    session: EditorSession, second_nvim: NeovimProcess
+) -> None:
+    a = Path(os.path.realpath(session.files["a.txt"]))
+    args = ("replay", "editor", "--nvim", second_nvim.address, "--journal", session.journal)
+    untouched = cli(*args)  # every file holds what the journal has for it: nothing to keep
+    assert untouched.code == 0, untouched.err
+    assert sorted(p.name for p in a.parent.iterdir()) == ["a.txt", "b.txt", "c.txt"]
+    assert "kept" not in untouched.out
+
+    for attempt, mine in enumerate(["mine\n", "mine again\n"], start=1):
+        a.write_text(mine)
+        run = cli(*args)
+        assert run.code == 0, run.err
+        assert a.read_text() == "alpha 3 (edited on disk)\n"
+        assert f"@1 save {a}: write 8 bytes; kept the text the file held in {a}.~{attempt}~" in run.out
+    # numbered copies: a later one never overwrites an earlier one
+    assert (a.parent / "a.txt.~1~").read_text() == "mine\n"
+    assert (a.parent / "a.txt.~2~").read_text() == "mine again\n"
+    assert sorted(p.name for p in a.parent.iterdir()) == ["a.txt", "a.txt.~1~", "a.txt.~2~", "b.txt", "c.txt"]
+
+
+def test_replay_editor_against_a_blocked_neovim_stops_with_a_clear_error(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    second_nvim.command('autocmd BufReadPost * call input("x")')  # loading a replayed file prompts
+    run = cli(  # bounded by cli()'s own subprocess timeout: a hang fails the test
+        "replay",
+        "editor",
+        "--nvim",
+        second_nvim.address,
+        "--nvim-timeout",
+        "1",
+        "--map",
+        f"{work}={tmp_path / 'out'}",
+        "--journal",
+        session.journal,
+    )
+    assert (run.code, run.out) == (2, "")
+    assert run.err.startswith(
+        f"toolbus replay: replay stopped at @1: Neovim at {second_nvim.address} did not answer within 1 s"
+    )
+    assert second_nvim.call(lambda n: n.eval("1 + 1")) == 2  # interrupted, not left at the prompt
+
+
+@pytest.mark.parametrize(
+    "hook", ['call input("Really write? ")', 'call setline(1, "formatted")'], ids=["prompt", "formatter"]
+)
+def test_replay_editor_writes_the_recorded_bytes_without_the_write_hooks(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path, hook: str
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    second_nvim.command(f"autocmd BufWritePre * {hook}")
+    run = cli(
+        "replay",
+        "editor",
+        "--nvim",
+        second_nvim.address,
+        "--nvim-timeout",
+        "1",
+        "--map",
+        f"{work}={out}",
+        "--journal",
+        session.journal,
+    )
+    assert run.code == 0, run.err
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == final_contents(session)
+    assert not second_nvim.modified(out / "a.txt")
+
+
+def test_replay_editor_never_wipes_a_buffer_with_unsaved_changes(
+    session: EditorSession, second_nvim: NeovimProcess
+) -> None:
+    b = Path(os.path.realpath(session.files["b.txt"]))
+    second_nvim.edit(b)
+    second_nvim.set_lines(b, ["my unsaved work"])
+    closed = session.position("TabClosed", "b.txt")
+    run = cli(
+        "replay", "editor", "--nvim", second_nvim.address, "--from", str(closed), "--journal", session.journal
+    )
+    assert run.code == 2
+    assert run.err == (
+        f"toolbus replay: replay stopped at @{closed}: {b} has unsaved changes in this Neovim: "
+        "save or close it, then replay again\n"
+    )
+    assert second_nvim.lines(b) == ["my unsaved work"]
