@@ -256,7 +256,9 @@ class SqliteJournal:
             conn.execute("PRAGMA synchronous = NORMAL")
         try:
             with self.transaction(conn):
-                return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
+                return _record(
+                    conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns()
+                )
         finally:
             if relaxed:
                 conn.execute("PRAGMA synchronous = FULL")
