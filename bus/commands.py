@@ -186,6 +186,10 @@ class SaveObservation(Command, frozen=True, kw_only=True):
     # Fields the schema does not name (files_read, files_modified, ...), kept verbatim.
     extra: dict[str, Any] = {}
 
+    def __post_init__(self) -> None:
+        if self.extra and len(msgspec.json.encode(self.extra)) > MAX_TEXT_BYTES:
+            raise ValueError(f"extra fields: expected at most {MAX_TEXT_BYTES} bytes of JSON in all")
+
 
 class SearchObservations(Command, frozen=True, kw_only=True):
     tool = "search"

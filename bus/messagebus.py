@@ -200,6 +200,8 @@ def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
         raise InvalidArguments(command_type.tool, _explain(command_type, str(error))) from None
+    except UnicodeEncodeError:  # msgspec meets a lone surrogate where it compares or encodes text
+        raise InvalidArguments(command_type.tool, "text must be valid Unicode (it holds a lone surrogate)") from None
 
 
 def _explain(command_type: type[Command], message: str) -> str:

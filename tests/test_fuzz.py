@@ -309,11 +309,6 @@ def test_twenty_megabytes_get_a_clear_error_naming_the_limit(
     assert state.events == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bus.commands.SaveObservation.extra (fields the schema does not name) has no size "
-    "bound: 20 MB there is stored in the event and the memory store",
-)
 def test_twenty_megabytes_in_an_extra_field_of_save(session: Session, journal_path: Path) -> None:
     """`save` keeps fields its schema does not name (additionalProperties): bounded too?"""
     result = session.call("save", {"title": "big", "text": "t", "files_read": ["/" + "x" * TWENTY_MB]})
@@ -395,11 +390,5 @@ async def test_lone_surrogates_in_process_are_answered_and_recorded(
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="msgspec.convert raises UnicodeEncodeError (not ValidationError) on a lone surrogate in "
-    "an enum, int or bounded-list field; bus.decode_command lets it escape, so the MCP layer answers "
-    "'Internal server error' and the call is not journaled",
-)
 async def test_lone_surrogates_in_typed_fields_in_process(tmp_path: Path, journal_path: Path) -> None:
     await _answer_in_process(tmp_path, journal_path, _surrogate_calls(known_bad=True))
