@@ -87,7 +87,6 @@ class SqliteJournal:
         self.path = path
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
-        self._synchronous = synchronous
         self._conn = self._open(create, synchronous)
         self._identity = _identity(path)
         self._worker: _Worker | None = None
@@ -245,23 +244,10 @@ class SqliteJournal:
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """One transaction: the command's final row, its blobs, its events and their projections.
-
-        A call with no write-ahead row (a query, a rejected call) changed nothing, so its record
-        is committed without waiting for the disk (`synchronous=NORMAL`): still atomic and safe
-        from a crash of toolbus, lost only with the machine's power, and made durable by the
-        next durable commit. A change (write-ahead row) is committed as configured (FULL).
-        """
-        relaxed = command_id is None and self._synchronous == "FULL"
-        if relaxed:
-            conn.execute("PRAGMA synchronous = NORMAL")
-        try:
-            with self.transaction(conn):
-                return _record(
-                    conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns()
-                )
-        finally:
-            if relaxed:
-                conn.execute("PRAGMA synchronous = FULL")
+        Every record waits for the disk as configured (FULL by default): an acknowledged call,
+        query or change, is never lost."""
+        with self.transaction(conn):
+            return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
         def work(conn: sqlite3.Connection) -> None:
