@@ -62,13 +62,24 @@ class NeovimProcess:
         threading.Thread(target=self._serve, args=(self._calls,), daemon=True).start()
 
     def _serve(self, calls: queue.SimpleQueue[Any]) -> None:
-        nvim = pynvim.attach("socket", path=self.address)
+        nvim = self._attach()
         while (item := calls.get()) is not None:
             call, answer = item
             try:
                 answer.put((True, call(nvim)))
             except BaseException as error:
                 answer.put((False, error))
+
+    def _attach(self) -> pynvim.Nvim:
+        # The socket file can appear a moment before Neovim accepts on it (a loaded machine).
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                return pynvim.attach("socket", path=self.address)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def call(self, fn: Callable[[pynvim.Nvim], T], timeout: float = 10) -> T:
         answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
