@@ -1,28 +1,30 @@
-"""The user's Neovim, over its own msgpack-RPC socket (pynvim).
+"""The user's Neovim, over its own msgpack-RPC socket.
 
-pynvim is synchronous and not thread-safe, so each connection lives on one dedicated thread
-and every request carries a timeout. A request that times out abandons its connection (the
-thread finishes whenever Neovim answers) and a second connection interrupts what blocked
-Neovim; the next call connects afresh. Connections are made lazily and re-made when Neovim
-restarts.
+Tool calls speak msgpack-RPC on the event loop (`_Session`); every request carries a timeout.
+A request that times out drops its connection, a second connection interrupts what blocked
+Neovim, and the next call connects afresh. Connections are made lazily and re-made when
+Neovim restarts. Synchronous code (discovery, `toolbus doctor`) uses pynvim on a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import hashlib
+import itertools
 import logging
 import os
-import queue
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, TypeVar
 
 import anyio
+import msgpack
 import msgspec
 import pynvim
 
@@ -40,8 +42,6 @@ LUA_SOURCE = resources.files("adapters").joinpath("nvim.lua").read_text()
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
 _LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)()"
 _MISSING = "\x00toolbus-lua-missing"
-
-_CONNECTION_ERRORS = (OSError, EOFError)
 
 
 # --- finding Neovim ---------------------------------------------------------------------
@@ -140,73 +140,125 @@ def _quietly(work: Callable[[], None]) -> None:
 
 def attach(address: str) -> pynvim.Nvim:
     """Connect to a Neovim address: a socket path, or `host:port` for TCP."""
-    host, _, port = address.rpartition(":")
-    if host and port.isdigit() and "/" not in address:
-        return pynvim.attach("tcp", address=host, port=int(port))
+    if tcp := _tcp_address(address):
+        return pynvim.attach("tcp", address=tcp[0], port=tcp[1])
     return pynvim.attach("socket", path=address)
 
 
-# --- one connection on its own thread ---------------------------------------------------
+# --- one msgpack-RPC session on the event loop -------------------------------------------
+
+_REQUEST, _RESPONSE = 0, 1
 
 
-class _Connection:
-    """A pynvim session confined to one daemon thread, fed through a queue."""
+class NvimRequestError(Exception):
+    """Neovim answered a request with an error (a Lua error, a bad argument)."""
+
+
+class _Session(asyncio.Protocol):
+    """A msgpack-RPC connection to Neovim, written and read on the event loop.
+
+    pynvim runs an event loop of its own, so from asyncio it needs a thread, and each call then
+    pays two thread wake-ups: measured, that doubled the cost of a request. Speaking the
+    protocol (requests `[0, id, method, args]`, responses `[1, id, error, result]`) here costs
+    one socket write and one read, and a blocked Neovim blocks nothing but its own requests.
+    """
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.alive = True
         self.used = False  # has answered at least one request
-        self._requests: queue.SimpleQueue[
-            tuple[NvimCall[Any], asyncio.Future[Any], asyncio.AbstractEventLoop] | None
-        ]
-        self._requests = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=f"toolbus-nvim {address}", daemon=True).start()
+        self._transport: asyncio.Transport | None = None
+        self._lost: OSError | None = None
+        self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="surrogateescape")
+        self._packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape")
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
 
-    def submit(self, call: NvimCall[T]) -> asyncio.Future[T]:
+    @classmethod
+    async def open(cls, address: str) -> _Session:
+        """Connect to a socket path, or to `host:port` over TCP. Raises OSError."""
+        session = cls(address)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._requests.put((call, future, loop))
+        if tcp := _tcp_address(address):
+            await loop.create_connection(lambda: session, *tcp)
+        else:
+            await loop.create_unix_connection(lambda: session, address)
+        return session
+
+    @property
+    def alive(self) -> bool:
+        return self._transport is not None and self._lost is None
+
+    def request(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Send a request; the future holds its result, or `NvimRequestError`, or an OSError
+        once the connection is gone."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._transport is None or self._lost is not None:
+            future.set_exception(self._lost or ConnectionError("not connected"))
+            return future
+        request_id = next(self._ids)
+        self._pending[request_id] = future
+        future.add_done_callback(lambda _: self._pending.pop(request_id, None))
+        self._transport.write(self._packer.pack([_REQUEST, request_id, method, args]))
         return future
 
-    def abandon(self) -> None:
-        """Stop taking requests; the thread ends once Neovim answers the one in flight."""
-        self.alive = False
-        self._requests.put(None)
+    def close(self) -> None:
+        """Drop the connection; requests in flight fail. Safe after the event loop has closed."""
+        if self._transport is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the socket goes with it
+                self._transport.abort()
+        self._lose(ConnectionAbortedError("toolbus closed the connection"))
 
-    def _serve(self) -> None:
-        nvim: pynvim.Nvim | None = None
-        try:
-            while (item := self._requests.get()) is not None:
-                call, future, loop = item
-                try:
-                    if nvim is None:
-                        nvim = attach(self.address)
-                    result: Any = call(nvim)
-                    self.used = True
-                except BaseException as error:  # delivered to the awaiting call
-                    if isinstance(error, _CONNECTION_ERRORS):
-                        self.alive = False
-                    loop.call_soon_threadsafe(_settle, future, None, error)
-                    if not self.alive:
-                        return
-                else:
-                    loop.call_soon_threadsafe(_settle, future, result, None)
-        finally:
-            self.alive = False
-            if nvim is not None:
-                try:
-                    nvim.close()
-                except Exception:
-                    log.debug("closing the Neovim connection failed", exc_info=True)
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = typing.cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(
+            ConnectionResetError(f"Neovim closed the connection ({exc})" if exc else "Neovim closed the connection")
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self._unpacker.feed(data)
+        for message in self._unpacker:
+            self._dispatch(message)
+
+    def _dispatch(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind == _RESPONSE:
+            _, request_id, error, result = message
+            future = self._pending.pop(request_id, None)
+            if future is None or future.done():  # its caller gave up
+                return
+            self.used = True
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(NvimRequestError(_error_text(error)))
+        elif kind == _REQUEST and self._transport is not None:  # rpcrequest() to us: nothing to serve
+            self._transport.write(self._packer.pack([_RESPONSE, message[1], "toolbus serves no requests", None]))
+        # Notifications (kind 2) need no answer.
+
+    def _lose(self, error: OSError) -> None:
+        if self._lost is not None:
+            return
+        self._lost = error
+        for future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():  # the caller gave up (timeout)
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+def _tcp_address(address: str) -> tuple[str, int] | None:
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() and "/" not in address else None
+
+
+def _error_text(error: Any) -> str:
+    """Neovim's error is `[type, message]`."""
+    if isinstance(error, list) and len(error) == 2:
+        return str(error[1])
+    return str(error)
 
 
 # --- the Editor adapter ----------------------------------------------------------------
@@ -229,7 +281,7 @@ class NvimEditor:
     def __init__(self, locate: Callable[[], NvimAddress | None], timeout: float = DEFAULT_TIMEOUT) -> None:
         self._locate = locate
         self.timeout = timeout
-        self._connection: _Connection | None = None
+        self._session: _Session | None = None
 
     # Editor protocol
 
@@ -245,9 +297,7 @@ class NvimEditor:
         return msgspec.convert(_to_bytes(await self._lua("save", path), ("before", "after")), SaveOutcome)
 
     async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
-        return msgspec.convert(
-            _to_bytes(await self._lua("find_tab", tab_name, path), ("discarded",)), TabMatch
-        )
+        return msgspec.convert(_to_bytes(await self._lua("find_tab", tab_name, path), ("discarded",)), TabMatch)
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         return bool(await self._lua("wipe", buffer, tick))
@@ -267,36 +317,32 @@ class NvimEditor:
     # plumbing
 
     async def _lua(self, function: str, *args: Any) -> Any:
-        code = f"local m = _G[{LUA_MODULE!r}] if not m then return {_MISSING!r} end return m.{function}(...)"
+        code = _LUA_CALLS.get(function) or _LUA_CALLS.setdefault(function, _lua_call(function))
+        result = await self.request("nvim_exec_lua", code, args)
+        if result == _MISSING:  # this Neovim has not seen this toolbus yet (or restarted)
+            await self.request("nvim_exec_lua", _LOAD_LUA, ())
+            result = await self.request("nvim_exec_lua", code, args)
+        return result
 
-        def call(nvim: pynvim.Nvim) -> Any:
-            result = nvim.exec_lua(code, *args)
-            if result == _MISSING:
-                nvim.exec_lua(_LOAD_LUA)
-                result = nvim.exec_lua(code, *args)
-            return result
-
-        return await self.request(call)
-
-    async def request(self, call: NvimCall[T]) -> T:
-        """Run `call(nvim)` on the connection's thread, within the timeout; reconnect once
-        if a connection that used to work has gone (Neovim restarted)."""
-        connection = await self._connect()
+    async def request(self, method: str, *args: Any) -> Any:
+        """One Neovim API request, within the timeout; reconnect once if a connection that used
+        to work has gone (Neovim restarted). Raises `NvimRequestError` if Neovim refuses it."""
+        session = await self._connect()
         try:
-            return await self._await(connection, call)
+            return await self._await(session, method, args)
         except EditorUnavailable:
-            if not connection.used:
+            if not session.used:
                 raise
         # The connection that used to work is gone: Neovim restarted (the request then never
         # reached the new one) or died while answering (and so did its buffers).
-        log.info("Neovim connection to %s lost; reconnecting", connection.address)
+        log.info("Neovim connection to %s lost; reconnecting", session.address)
         try:
-            return await self._await(await self._connect(), call)
+            return await self._await(await self._connect(), method, args)
         except EditorUnavailable as error:
             raise EditorLost(f"{error} (the connection broke while a request was in flight)") from None
 
-    async def _connect(self) -> _Connection:
-        if self._connection is None or not self._connection.alive:
+    async def _connect(self) -> _Session:
+        if self._session is None or not self._session.alive:
             # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
             found = await anyio.to_thread.run_sync(self._locate)
             if found is None:
@@ -304,58 +350,94 @@ class NvimEditor:
                     "No Neovim found: start Neovim with --listen ADDRESS (or from a Neovim :terminal), "
                     "then pass that address with --nvim or $TOOLBUS_NVIM (see :echo v:servername in Neovim)"
                 )
-            self._connection = _Connection(found.address)
-        return self._connection
+            try:
+                self._session = await _within(_Session.open(found.address), self.timeout)
+            except (OSError, TimeoutError) as error:
+                raise _unreachable(found.address, error) from None
+        return self._session
 
-    async def _await(self, connection: _Connection, call: NvimCall[T]) -> T:
-        future = connection.submit(call)
+    async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
         try:
-            with anyio.fail_after(self.timeout):
-                return await future
+            return await _within(session.request(method, *args), self.timeout)
         except TimeoutError:
-            connection.abandon()
-            await self._unblock(connection.address)
+            session.close()
+            await self._unblock(session.address)
             raise EditorTimeout(
-                f"Neovim at {connection.address} did not answer within {self.timeout:g} s "
+                f"Neovim at {session.address} did not answer within {self.timeout:g} s "
                 "(a prompt or a long command was blocking it; toolbus interrupted it). "
                 "The request may still run once Neovim is free; check, then try again, "
                 "or raise --nvim-timeout if Neovim is just slow"
             ) from None
-        except _CONNECTION_ERRORS as error:
-            connection.abandon()
-            raise EditorUnavailable(
-                f"Neovim at {connection.address} is not reachable ({error}): is it running? "
-                "Check the address with :echo v:servername and pass it with --nvim or $TOOLBUS_NVIM"
-            ) from None
+        except OSError as error:
+            session.close()
+            raise _unreachable(session.address, error) from None
 
     async def _unblock(self, address: str) -> None:
         """From fresh connections: dismiss a prompt, or interrupt a long-running command."""
-        mode = await _ask(address, lambda nvim: nvim.request("nvim_get_mode"), timeout=0.5)
+        mode = await _ask(address, "nvim_get_mode", timeout=0.5)
         name = str(mode.get("mode", "")) if isinstance(mode, dict) else ""
-        if mode is None or name.startswith("n"):
+        if not isinstance(mode, dict) or name.startswith("n"):
             keys = "<C-c>"  # busy (too busy even to tell its mode): interrupt it
         elif mode.get("blocking") or name.startswith(("r", "c")):
             keys = "<Esc>"  # a prompt, input() or a cmdline wait: cancel it
         else:
             return
-        if await _ask(address, lambda nvim: nvim.input(keys), timeout=1.0) is None:
+        if await _ask(address, "nvim_input", keys, timeout=1.0) is None:
             log.warning("could not interrupt Neovim at %s", address)
 
     def disconnect(self) -> None:
-        if self._connection is not None:
-            self._connection.abandon()
+        if self._session is not None:
+            self._session.close()
 
 
-async def _ask(address: str, call: NvimCall[T], timeout: float) -> T | None:
-    """One request on a short-lived connection of its own; None if it fails or takes too long."""
-    connection = _Connection(address)
+_LUA_CALLS: dict[str, str] = {}
+
+
+def _lua_call(function: str) -> str:
+    return f"local m = _G[{LUA_MODULE!r}] if not m then return {_MISSING!r} end return m.{function}(...)"
+
+
+async def _within(awaitable: Awaitable[T], timeout: float) -> T:
+    """`awaitable`, or TimeoutError after `timeout` seconds. A timer handle: cheaper per call
+    than a cancel scope, and this is on every request's path."""
+    pending = asyncio.ensure_future(awaitable)
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        pending.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
     try:
-        with anyio.fail_after(timeout):
-            return await connection.submit(call)
-    except Exception:
+        return await pending
+    except asyncio.CancelledError:
+        if expired:
+            raise TimeoutError from None
+        raise  # the caller itself was cancelled
+    finally:
+        timer.cancel()
+
+
+def _unreachable(address: str, error: BaseException) -> EditorUnavailable:
+    return EditorUnavailable(
+        f"Neovim at {address} is not reachable ({error or type(error).__name__}): is it running? "
+        "Check the address with :echo v:servername and pass it with --nvim or $TOOLBUS_NVIM"
+    )
+
+
+async def _ask(address: str, method: str, *args: Any, timeout: float) -> Any:
+    """One request on a short-lived connection of its own; None if it fails or takes too long."""
+    session: _Session | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            session = await _Session.open(address)
+            return await session.request(method, *args)
+    except (OSError, TimeoutError, NvimRequestError):
         return None
     finally:
-        connection.abandon()
+        if session is not None:
+            session.close()
 
 
 def _to_bytes(result: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import anyio
-import pynvim
 
-from adapters.nvim import NvimAddress, NvimEditor
+from adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
 from bus import Fault, ToolbusError
 from journal.replay import EditorStep
 
@@ -36,7 +35,7 @@ async def replay_steps(editor: NvimEditor, steps: Iterable[EditorStep], report: 
     for step in steps:
         try:
             done = await _apply(editor, step)
-        except (ToolbusError, pynvim.NvimError) as error:
+        except (ToolbusError, NvimRequestError) as error:
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             raise Fault(f"replay stopped at @{step.position}: {message}") from None
         report(done)
