@@ -1,0 +1,91 @@
+"""The msgpack-RPC session `NvimEditor` speaks to a real Neovim: errors, bytes, timeouts,
+Neovim's own requests, and a caller's cancellation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
+from bus import EditorTimeout, EditorUnavailable
+from tests.conftest import NeovimProcess
+
+pytestmark = pytest.mark.anyio
+
+
+def editor_for(nvim: NeovimProcess, timeout: float = 5.0) -> NvimEditor:
+    return NvimEditor(lambda: NvimAddress(nvim.address, "test"), timeout)
+
+
+async def test_a_lua_error_is_a_request_error_naming_it(nvim: NeovimProcess) -> None:
+    editor = editor_for(nvim)
+    try:
+        with pytest.raises(NvimRequestError, match="no such thing"):
+            await editor.request("nvim_exec_lua", "error('no such thing')", [])
+        assert await editor.request("nvim_eval", "1 + 1") == 2  # the session goes on
+    finally:
+        editor.disconnect()
+
+
+async def test_bytes_that_are_not_utf8_survive_the_round_trip(nvim: NeovimProcess) -> None:
+    editor = editor_for(nvim)
+    text = b"caf\xe9 \xff\x00 end"
+    try:
+        echoed = await editor.request("nvim_exec_lua", "return ...", [text])
+        assert echoed.encode("utf-8", "surrogateescape") == text
+        assert await editor.request("nvim_exec_lua", "return #...", [text]) == len(text)
+    finally:
+        editor.disconnect()
+
+
+async def test_a_request_from_neovim_is_refused_not_left_hanging(nvim: NeovimProcess) -> None:
+    editor = editor_for(nvim)
+    try:
+        channel = (await editor.request("nvim_get_api_info"))[0]
+        ok, error = await editor.request(
+            "nvim_exec_lua", "local ok, err = pcall(vim.rpcrequest, ..., 'hello') return {ok, err}", [channel]
+        )
+        assert ok is False and "toolbus serves no requests" in error
+    finally:
+        editor.disconnect()
+
+
+async def test_a_blocked_request_times_out_and_neovim_is_freed(nvim: NeovimProcess) -> None:
+    editor = editor_for(nvim, timeout=0.5)
+    try:
+        with anyio.fail_after(30), pytest.raises(EditorTimeout):
+            await editor.request("nvim_command", "while 1 | endwhile")  # interruptible, as Vimscript is
+        with anyio.fail_after(30):
+            assert await editor.request("nvim_eval", "2 + 2") == 4  # interrupted, reconnected
+    finally:
+        editor.disconnect()
+
+
+async def test_a_cancelled_caller_is_cancelled_not_timed_out(nvim: NeovimProcess) -> None:
+    editor = editor_for(nvim, timeout=30)
+    outcome: list[BaseException] = []
+
+    async def held() -> None:
+        try:
+            await editor.request("nvim_exec_lua", "vim.wait(2000, function() return false end)", [])
+        except BaseException as error:
+            outcome.append(error)
+            raise
+
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(held)
+                await anyio.sleep(0.2)
+                group.cancel_scope.cancel()
+        assert outcome and not isinstance(outcome[0], TimeoutError | EditorTimeout)
+    finally:
+        editor.disconnect()
+
+
+async def test_no_neovim_at_the_address_is_unavailable(tmp_path: Path) -> None:
+    editor = NvimEditor(lambda: NvimAddress(str(tmp_path / "nobody.sock"), "test"), 1.0)
+    with anyio.fail_after(30), pytest.raises(EditorUnavailable, match="not reachable"):
+        await editor.request("nvim_eval", "1")
