@@ -65,9 +65,7 @@ _TABLES = (
     "CREATE VIRTUAL TABLE observations_fts USING fts5("
     " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
 )
-_DROP = tuple(
-    f"DROP TABLE IF EXISTS {table}" for table in ("observations_fts", "observation_tallies", "observations")
-)
+_DROP = tuple(f"DROP TABLE IF EXISTS {table}" for table in ("observations_fts", "observation_tallies", "observations"))
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.decode
@@ -304,10 +302,29 @@ def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) ->
     elif (where := _matching(query, viewer)) is None:
         results, total = [], 0
     else:
-        order = _BEST_FIRST if query.order_by == "relevance" else _date_order(query)
-        results = _page(conn, _FTS_SOURCE, where, order, query)
-        total = len(results) if _whole(results, query) else _count(conn, _FTS_SOURCE, where)
+        results, total = _ranked(conn, query, where, viewer)
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
+
+
+def _ranked(conn: sqlite3.Connection, query: SearchQuery, where: _Where, viewer: Caller) -> tuple[list[IndexRow], int]:
+    """A search with words, in one pass: the ids of every visible match, in order, give both
+    the page and the total. Joining, filtering and ranking the matches is what costs; counting
+    them in a second query would pay for it twice."""
+    order = _BEST_FIRST if query.order_by == "relevance" else _date_order(query)
+    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {order}"
+    ids = [row[0] for row in conn.execute(sql, where.params)]
+    return _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
+
+
+def _index_rows(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> list[IndexRow]:
+    """The index rows of `ids`, in that order (visibility applied again: every read says it)."""
+    if not ids:
+        return []
+    where = _Where(viewer)
+    where.add("o.id IN (SELECT value FROM json_each(:ids))", ids=_json.encode(ids).decode())
+    rows = conn.execute(f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    found = {row[0]: IndexRow(*row) for row in rows}
+    return [found[i] for i in ids if i in found]
 
 
 def _list(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow], int]:
@@ -330,12 +347,9 @@ def _date_order(query: SearchQuery) -> str:
     return _OLDEST_FIRST if query.order_by == "date_asc" else _NEWEST_FIRST
 
 
-def _page(
-    conn: sqlite3.Connection, source: str, where: _Where, order: str, query: SearchQuery
-) -> list[IndexRow]:
+def _page(conn: sqlite3.Connection, source: str, where: _Where, order: str, query: SearchQuery) -> list[IndexRow]:
     rows = conn.execute(
-        f"SELECT {_INDEX_COLUMNS} FROM {source} WHERE {where.sql()} ORDER BY {order}"
-        " LIMIT :limit OFFSET :offset",
+        f"SELECT {_INDEX_COLUMNS} FROM {source} WHERE {where.sql()} ORDER BY {order} LIMIT :limit OFFSET :offset",
         where.params | {"limit": query.limit, "offset": query.offset},
     )
     return [IndexRow(*row) for row in rows]

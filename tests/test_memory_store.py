@@ -90,9 +90,7 @@ def test_no_query_is_an_fts5_error(fts: sqlite3.Connection) -> None:
             fts.execute("SELECT rowid FROM t WHERE t MATCH ?", (expression,)).fetchall()
 
 
-@pytest.mark.parametrize(
-    "text", ["数据库连接池", "データベース接続の設定", "데이터베이스", "東京タワーへ行く"]
-)
+@pytest.mark.parametrize("text", ["数据库连接池", "データベース接続の設定", "데이터베이스", "東京タワーへ行く"])
 def test_every_cjk_substring_of_two_or_more_characters_finds_its_text(text: str) -> None:
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE VIRTUAL TABLE t USING fts5(a, content='', tokenize='unicode61 remove_diacritics 2')")
@@ -120,9 +118,7 @@ def test_every_cjk_substring_of_two_or_more_characters_finds_its_text(text: str)
         ("2025-01-01T02:00:00+02:00", False, JAN_1),
     ],
 )
-def test_dates_are_iso_or_epoch_milliseconds(
-    value: str | int | None, end_of_day: bool, expected: int
-) -> None:
+def test_dates_are_iso_or_epoch_milliseconds(value: str | int | None, end_of_day: bool, expected: int) -> None:
     assert epoch_ms("search", "dateEnd", value, end_of_day=end_of_day) == expected
 
 
@@ -207,6 +203,22 @@ def test_timeline_orders_by_time_then_id_even_when_times_are_equal(memory: Memor
     assert memory.timeline(anchor=same[1], depth_before=1, depth_after=1) == same
 
 
+@pytest.mark.parametrize("order_by", ["relevance", "date_desc", "date_asc"])
+def test_pages_of_a_search_with_words_add_up_to_its_ranking_and_total(memory: Memory, order_by: str) -> None:
+    owner = Caller(agent="writer", department="d")
+    levels = ["public", "private", "department", "project"]
+    for i in range(23):
+        words = " ".join(["apple"] * (1 + i % 4))  # varied relevance, and ties
+        memory.add(f"{words} {i}", JAN_1 + (i * 7) % 5, visibility=levels[i % 4], agent=["writer", "x"][i % 2])
+    expected = {viewer: memory.search(viewer, text="apple", limit=100, order_by=order_by) for viewer in (owner, ANYONE)}
+    assert len(expected[owner]) > len(expected[ANYONE]) > 0  # visibility matters here
+    for viewer, ranking in expected.items():
+        pages = [memory.search(viewer, text="apple", limit=4, offset=o, order_by=order_by) for o in range(0, 40, 4)]
+        assert [i for page in pages for i in page] == ranking
+        totals = {memory.total(viewer, text="apple", limit=4, offset=o, order_by=order_by) for o in (0, 8, 100)}
+        assert totals == {len(ranking)}
+
+
 def test_an_unknown_visibility_is_seen_by_nobody(memory: Memory) -> None:
     odd = memory.add("odd", JAN_1, visibility="team")
     owner = Caller(agent="writer", department="d")
@@ -234,9 +246,7 @@ def test_the_store_is_rebuilt_from_events_alone(memory: Memory) -> None:
                 memory.search(viewer, limit=2, offset=1),
                 memory.total(viewer, limit=1),
                 memory.timeline(viewer, text="fact 5"),
-                memory.journal.run_sync(
-                    lambda conn, v=viewer: get_observations_sync(conn, list(range(14)), v)
-                ),
+                memory.journal.run_sync(lambda conn, v=viewer: get_observations_sync(conn, list(range(14)), v)),
             )
             for viewer in viewers
         ]
