@@ -261,7 +261,7 @@ class SqliteJournal:
         Returns each command's event positions."""
         finished_ns = time.time_ns()
         with self.transaction(conn):
-            return [_record(conn, outcome, None, finished_ns) for outcome in outcomes]
+            return _record_new(conn, outcomes, finished_ns)
 
 
 class Outcome(NamedTuple):
@@ -274,30 +274,56 @@ class Outcome(NamedTuple):
     blobs: Mapping[str, bytes] | None = None
 
 
-def _record(
-    conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int
-) -> list[int]:
+def _record(conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int) -> list[int]:
     """The command's final row, its blobs, its events and their projections (inside a transaction)."""
-    record = outcome.record
     if command_id is None:
-        command_id = _insert_command(conn, record, outcome.status, outcome.error, finished_ns)
-    else:
-        conn.execute(
-            "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
-            (
-                outcome.status,
-                valid_text(outcome.error),
-                iso_time(finished_ns),
-                (finished_ns - record.received_ns) / 1e6,
-                command_id,
-            ),
-        )
+        return _record_new(conn, (outcome,), finished_ns)[0]
+    conn.execute(
+        "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
+        (
+            outcome.status,
+            valid_text(outcome.error),
+            iso_time(finished_ns),
+            (finished_ns - outcome.record.received_ns) / 1e6,
+            command_id,
+        ),
+    )
     if outcome.blobs:
         _insert_blobs(conn, outcome.blobs)
-    if not outcome.events:
-        return []
-    recorded_at = iso_time(finished_ns)
-    return [_append(conn, command_id, event, recorded_at) for event in outcome.events]
+    return _append(conn, [(command_id, event) for event in outcome.events], iso_time(finished_ns))
+
+
+def _record_new(conn: sqlite3.Connection, outcomes: Sequence[Outcome], finished_ns: int) -> list[list[int]]:
+    """Finished commands that were never begun, with their blobs, events and projections (inside
+    a transaction); each command's event positions. One `executemany` per table: per-row Python
+    work is most of what a batch costs."""
+    finished_at = iso_time(finished_ns)
+    pid = os.getpid()
+    rows = [_command_row(o.record, o.status, o.error, pid, finished_ns, finished_at) for o in outcomes]
+    first_id = _insert_consecutive(conn, _INSERT_COMMAND, rows)
+    events: list[tuple[int, Event]] = []
+    for command_id, outcome in enumerate(outcomes, first_id):
+        if outcome.blobs:
+            _insert_blobs(conn, outcome.blobs)
+        events += [(command_id, event) for event in outcome.events]
+    positions = _append(conn, events, finished_at)
+    by_command: list[list[int]] = []
+    for outcome in outcomes:
+        by_command.append(positions[: len(outcome.events)])
+        del positions[: len(outcome.events)]
+    return by_command
+
+
+def _insert_consecutive(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]]) -> int:
+    """Insert `rows`, returning the first one's rowid. SQLite gives each new row the largest rowid
+    plus one, and inside `BEGIN IMMEDIATE` no other writer comes between: the rows get consecutive
+    rowids, so ids and positions stay gapless and in commit order."""
+    if len(rows) == 1:
+        cursor = conn.execute(sql, rows[0])
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+    conn.executemany(sql, rows)
+    return int(conn.execute("SELECT last_insert_rowid()").fetchone()[0]) - len(rows) + 1
 
 
 def _insert_blobs(conn: sqlite3.Connection, blobs: Mapping[str, bytes]) -> None:
@@ -307,24 +333,33 @@ def _insert_blobs(conn: sqlite3.Connection, blobs: Mapping[str, bytes]) -> None:
     )
 
 
-def _append(conn: sqlite3.Connection, command_id: int, event: Event, recorded_at: str) -> int:
-    position: int | None = conn.execute(
-        "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+_INSERT_EVENT = (
+    "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _append(conn: sqlite3.Connection, events: Sequence[tuple[int, Event]], recorded_at: str) -> list[int]:
+    """Events (each with its command id) at the next positions, then their projections."""
+    if not events:
+        return []
+    ids = event_ids(len(events))
+    rows = [
         (
-            event_id(),
+            ids[index],
             command_id,
             event.__struct_config__.tag,
             type(event).version,
             event.stream,
             recorded_at,
             encode_event_data(event).decode(),
-        ),
-    ).lastrowid
-    assert position is not None
-    if projection := PROJECTIONS.get(type(event)):
-        projection(conn, position, event)
-    return position
+        )
+        for index, (command_id, event) in enumerate(events)
+    ]
+    first = _insert_consecutive(conn, _INSERT_EVENT, rows)
+    for position, (_, event) in enumerate(events, first):
+        if projection := PROJECTIONS.get(type(event)):
+            projection(conn, position, event)
+    return list(range(first, first + len(events)))
 
 
 def _check_identity_in_one_snapshot(conn: sqlite3.Connection) -> None:
@@ -446,13 +481,26 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-def event_id() -> str:
-    """A UUIDv7 (RFC 9562) as 32 hex digits. Time-ordered, unlike a random UUIDv4, so inserts
-    into the unique `event_id` index land on its last pages instead of anywhere in it."""
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
-    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
-    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
-    return f"{value:032x}"
+# UUIDv7 (RFC 9562) bits above the random ones: version 7, variant 0b10; and the random bits kept.
+_UUID7_MARKS = 0x7 << 76 | 0x2 << 62
+_UUID7_RANDOM = (1 << 80) - 1 & ~(0xF << 76 | 0x3 << 62)
+
+
+def event_ids(count: int) -> list[str]:
+    """`count` UUIDv7s as 32 hex digits. Time-ordered, unlike random UUIDv4s, so inserts into the
+    unique `event_id` index land on its last pages instead of anywhere in it. One clock read and
+    one urandom call for all: a batch's events share their millisecond anyway."""
+    stamp = (time.time_ns() // 1_000_000) << 80 | _UUID7_MARKS
+    noise = os.urandom(10 * count)
+    return [
+        f"{stamp | int.from_bytes(noise[at : at + 10], 'big') & _UUID7_RANDOM:032x}" for at in range(0, 10 * count, 10)
+    ]
+
+
+_INSERT_COMMAND = (
+    "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
+    " pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 
 
 def _insert_command(
@@ -462,28 +510,44 @@ def _insert_command(
     error: str | None = None,
     finished_ns: int | None = None,
 ) -> int:
-    caller: Caller = record.caller
-    cursor = conn.execute(
-        "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
-        " pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            valid_text(record.tool),
-            _arguments_json(record.arguments, status),
-            valid_text(caller.agent),
-            valid_text(caller.department),
-            valid_text(caller.client_name),
-            valid_text(caller.client_version),
-            valid_text(caller.session_id),
-            os.getpid(),
-            iso_time(record.received_ns),
-            iso_time(finished_ns) if finished_ns else None,
-            (finished_ns - record.received_ns) / 1e6 if finished_ns else None,
-            status,
-            valid_text(error),
-        ),
+    finished_at = iso_time(finished_ns) if finished_ns is not None else None
+    return _insert_consecutive(
+        conn, _INSERT_COMMAND, [_command_row(record, status, error, os.getpid(), finished_ns, finished_at)]
     )
-    assert cursor.lastrowid is not None
-    return cursor.lastrowid
+
+
+def _command_row(
+    record: CommandRecord,
+    status: Status,
+    error: str | None,
+    pid: int,
+    finished_ns: int | None,
+    finished_at: str | None,
+) -> tuple[object, ...]:
+    """A `commands` row but its id, in `_INSERT_COMMAND`'s order."""
+    return (
+        valid_text(record.tool),
+        _arguments_json(record.arguments, status),
+        *_caller_columns(record.caller),
+        pid,
+        iso_time(record.received_ns),
+        finished_at,
+        (finished_ns - record.received_ns) / 1e6 if finished_ns is not None else None,
+        status,
+        valid_text(error),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _caller_columns(caller: Caller) -> tuple[str | None, ...]:
+    # One caller (a frozen Struct) makes every call of a session: check its text once.
+    return (
+        valid_text(caller.agent),
+        valid_text(caller.department),
+        valid_text(caller.client_name),
+        valid_text(caller.client_version),
+        valid_text(caller.session_id),
+    )
 
 
 def _arguments_json(arguments: object, status: Status) -> str:
