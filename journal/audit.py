@@ -1,8 +1,9 @@
 """Reading the journal for people and scripts: audit queries, a file's history, recoverable text.
 
 Every query is shaped so SQLite walks one index in the order asked and stops at the limit:
-commands by `received_at` (alone or behind tool, status, session or agent), a file's events
-by `(stream, position)`, and a batch of commands' events by `command_id`.
+commands by `received_at` (alone, with agent and session_id beside it to check along the walk;
+behind the tool; or behind a status other than ok), a file's events by `(stream, position)`, and
+a batch of commands' events by `command_id`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bus import decode_event
+from journal.schema import NOT_OK
 
 if TYPE_CHECKING:
     from journal.store import SqliteJournal
@@ -180,7 +182,7 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
 
 
 def _equalities(query: AuditQuery) -> dict[str, str]:
-    """The equality filters, by the column of `commands` each has an index on (with received_at)."""
+    """The equality filters, by their column of `commands`."""
     pairs = (
         ("tool", query.tool),
         ("status", query.status),
@@ -190,26 +192,39 @@ def _equalities(query: AuditQuery) -> dict[str, str]:
     return {column: value for column, value in pairs if value is not None}
 
 
-def _driving_column(conn: sqlite3.Connection, query: AuditQuery) -> str | None:
-    """Of several equality filters, the one matching fewest commands in the time window.
+def _indexed(filters: dict[str, str]) -> list[str]:
+    """The filters an index can drive: the tool, and a status other than ok (the partial index
+    holds only those). Session and agent are checked along the received_at index, which holds them."""
+    return [column for column in filters if column == "tool" or (column == "status" and filters[column] != "ok")]
 
-    Without statistics SQLite picks one of the indexes blindly, and `--tool recover --status ok`
-    would walk every `ok` command. Counting (up to a cap) through each index is cheap: the
-    count reads the index alone."""
+
+def _driving_column(conn: sqlite3.Connection, query: AuditQuery) -> str | None:
+    """Of several equality filters, the indexed one matching fewest commands in the time window.
+
+    Without statistics SQLite picks an index blindly, and `--tool saveDocument --status failed`
+    could walk every save. Counting (up to a cap) through each index is cheap: the count reads
+    the index alone. Only indexed filters are counted: counting any other would scan the table."""
     filters = _equalities(query)
-    if len(filters) < 2 or query.paths:
+    candidates = _indexed(filters)
+    if len(filters) < 2 or not candidates or query.paths:
         return None
+    if len(candidates) == 1:
+        return candidates[0]
     window, bounds = _window(query, "received_at")
 
     def matches(column: str) -> int:
-        where = " AND ".join([f"{column} = ?", *window])
+        where = " AND ".join([f"{column} = ?", *_partial_terms(column, ""), *window])
         sql = f"SELECT count(*) FROM (SELECT 1 FROM commands WHERE {where} LIMIT {_PROBE_CAP})"
         return int(conn.execute(sql, [filters[column], *bounds]).fetchone()[0])
 
-    def tie_break(column: str) -> int:  # when counts hit the cap: sessions are short, failures rare
-        return 0 if column == "session_id" else 1 if column == "status" and filters[column] != "ok" else 2
+    # When both counts hit the cap, failures are the likelier to be rare.
+    return min(candidates, key=lambda column: (matches(column), column != "status"))
 
-    return min(filters, key=lambda column: (matches(column), tie_break(column)))
+
+def _partial_terms(driving: str | None, alias: str) -> list[str]:
+    """When status drives: the term that lets SQLite walk the partial index of statuses other
+    than ok (a status filter drives only when it is not ok)."""
+    return [f"{alias}{NOT_OK}"] if driving == "status" else []
 
 
 def _window(query: AuditQuery, column: str) -> tuple[list[str], list[str]]:
@@ -226,8 +241,11 @@ def _window(query: AuditQuery, column: str) -> tuple[list[str], list[str]]:
 
 def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, list[Any]]:
     filters = _equalities(query)
+    if driving is None and len(filters) == 1:
+        driving = next(iter(_indexed(filters)), None)  # a lone filter drives when it can
     # `+column` keeps SQLite off that column's index, so it walks the driving one.
     where = [f"{'+' if driving and column != driving else ''}c.{column} = ?" for column in filters]
+    where += _partial_terms(driving, "c.")
     window, bounds = _window(query, "c.received_at")
     where += window
     params: list[Any] = [*filters.values(), *bounds]
@@ -236,9 +254,7 @@ def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, li
         marks = ", ".join("?" * len(query.paths))
         sql = (
             "SELECT c.* FROM events AS e CROSS JOIN commands AS c ON c.id = e.command_id"
-            f" WHERE e.stream IN ({marks})"
-            + "".join(f" AND {w}" for w in where)
-            + " ORDER BY e.position DESC"
+            f" WHERE e.stream IN ({marks})" + "".join(f" AND {w}" for w in where) + " ORDER BY e.position DESC"
         )
         params = [*query.paths, *params]
     else:
@@ -257,9 +273,7 @@ def _events_of(conn: sqlite3.Connection, command_ids: Sequence[int]) -> dict[int
     if not command_ids:
         return {}
     marks = ", ".join("?" * len(command_ids))
-    cursor = conn.execute(
-        f"SELECT * FROM events WHERE command_id IN ({marks}) ORDER BY position", list(command_ids)
-    )
+    cursor = conn.execute(f"SELECT * FROM events WHERE command_id IN ({marks}) ORDER BY position", list(command_ids))
     cursor.row_factory = sqlite3.Row
     stored = stored_events(conn, cursor.fetchall())
     grouped: dict[int, list[StoredEvent]] = {}
@@ -362,14 +376,10 @@ def recoverable(conn: sqlite3.Connection, event: StoredEvent) -> Recoverable:
     name, description = field
     digest = event.data.get(name)
     if digest is None:
-        reason = (
-            "the file did not exist before" if event.type != "TabClosed" else "the buffer had no unsaved text"
-        )
+        reason = "the file did not exist before" if event.type != "TabClosed" else "the buffer had no unsaved text"
         raise ValueError(f"{where} has nothing to recover: {reason}")
     content = blob(conn, digest)
-    return Recoverable(
-        event=event, path=str(event.data["path"]), blob=digest, content=content, description=description
-    )
+    return Recoverable(event=event, path=str(event.data["path"]), blob=digest, content=content, description=description)
 
 
 def blob(conn: sqlite3.Connection, digest: str) -> bytes:

@@ -1,6 +1,8 @@
 """The journal's tables, created and migrated through sqlite-utils; version in `PRAGMA user_version`.
 
-Migrations only ever add: a journal written by an older toolbus opens in a newer one.
+Migrations are steps appended to `MIGRATIONS`, never edited. They add tables, columns and views,
+and add or drop indexes; they never change a stored row. A journal written by an older toolbus
+opens in a newer one.
 """
 
 from __future__ import annotations
@@ -107,7 +109,36 @@ def _audit_views(db: sqlite_utils.Database) -> None:
         db.create_view(name, sql.strip())
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables, _audit_views]
+# The WHERE of `_fewer_indexes`'s partial index, word for word: SQLite uses that index only for
+# a query whose WHERE has this very term.
+NOT_OK = "status != 'ok'"
+
+
+def _fewer_indexes(db: sqlite_utils.Database) -> None:
+    """Keep only the indexes that readers walk: every index costs each append a page write.
+
+    Commands: by received_at, the index also holding agent and session_id, so that filters on
+    them (which have no index of their own) read the index alone until a row matches; by
+    (tool, received_at); and, in a partial index, the rare commands whose status is not ok.
+    Events: by event_id, (stream, position) and command_id; `replay` reads them in position order.
+    """
+    for name in (
+        "idx_commands_received_at",
+        "idx_commands_status_received_at",
+        "idx_commands_session_id_received_at",
+        "idx_commands_agent_received_at",
+        "idx_events_type_position",
+    ):
+        db.execute(f"DROP INDEX IF EXISTS {name}")
+    db.execute(
+        "CREATE INDEX idx_commands_received_at_id_agent_session_id ON commands (received_at, id, agent, session_id)"
+    )
+    db.execute(
+        "CREATE INDEX idx_commands_not_ok_status_received_at ON commands (status, received_at) WHERE status != 'ok'"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables, _audit_views, _fewer_indexes]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -74,15 +74,11 @@ def test_json_lines_hold_every_command_newest_first_with_its_events(session: Edi
         for event in line["events"]:
             assert set(event) == EVENT_FIELDS
     events = [event for line in lines for event in line["events"]]
-    assert sorted(event["position"] for event in events) == [
-        row["position"] for row in session.reader.events()
-    ]
+    assert sorted(event["position"] for event in events) == [row["position"] for row in session.reader.events()]
 
 
 def test_json_line_of_a_save_names_its_file_blobs_and_sizes(session: EditorSession) -> None:
-    [first_save] = [
-        line for line in audit(session, "--tool", "saveDocument") if line["events"] and line["id"] == 1
-    ]
+    [first_save] = [line for line in audit(session, "--tool", "saveDocument") if line["events"] and line["id"] == 1]
     [event] = first_save["events"]
     a = os.path.realpath(session.files["a.txt"])
     assert first_save["target"] == a
@@ -113,16 +109,12 @@ def test_filter_by_path_gives_the_files_saves_and_closes(session: EditorSession)
 
 def test_filter_by_path_accepts_a_relative_path_and_combines_with_others(session: EditorSession) -> None:
     work = session.files["a.txt"].parent
-    run = cli(
-        "audit", "--journal", session.journal, "--json", "--path", "a.txt", "--agent", "writer", cwd=work
-    )
+    run = cli("audit", "--journal", session.journal, "--json", "--path", "a.txt", "--agent", "writer", cwd=work)
     assert run.code == 0, run.err
     assert [(line["agent"], line["tool"]) for line in run.json_lines()] == [("writer", "saveDocument")]
 
 
-@pytest.mark.parametrize(
-    ("status", "tools"), [("rejected", ["saveDocument"]), ("failed", ["getOpenEditors"])]
-)
+@pytest.mark.parametrize(("status", "tools"), [("rejected", ["saveDocument"]), ("failed", ["getOpenEditors"])])
 def test_filter_by_status(session: EditorSession, status: str, tools: list[str]) -> None:
     lines = audit(session, "--status", status)
     assert [line["tool"] for line in lines] == tools
@@ -220,6 +212,7 @@ PLANNED = {
     "none": AuditQuery(),
     "tool": AuditQuery(tool="saveDocument"),
     "status": AuditQuery(status="failed"),
+    "status ok": AuditQuery(status="ok"),
     "session": AuditQuery(session="s"),
     "agent": AuditQuery(agent="writer"),
     "window": AuditQuery(since="2026-01-01T00:00:00.000000Z", until="2027-01-01T00:00:00.000000Z"),
@@ -228,6 +221,9 @@ PLANNED = {
     "path and status": AuditQuery(paths=("file:/a",), status="ok"),
     "rare tool and common status": AuditQuery(tool="close_tab", status="ok"),
     "agent and tool": AuditQuery(agent="reviewer", tool="saveDocument"),
+    "tool and rare status": AuditQuery(tool="saveDocument", status="failed"),
+    "session and rare status": AuditQuery(session="s", status="rejected"),
+    "session and agent": AuditQuery(session="s", agent="writer"),
 }
 
 
@@ -244,12 +240,27 @@ def test_audit_queries_walk_an_index_without_sorting(session: EditorSession, nam
     assert not any("TEMP B-TREE" in step for step in plan), plan
 
 
+def test_a_status_other_than_ok_walks_the_partial_index(session: EditorSession) -> None:
+    conn = open_readonly(session.journal)
+    try:
+        for query in (AuditQuery(status="in_doubt"), AuditQuery(status="failed", agent="writer")):
+            sql, params = _command_sql(query, _driving_column(conn, query))
+            [step] = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+            assert "idx_commands_not_ok_status_received_at (status=?)" in step, step
+    finally:
+        conn.close()
+
+
 def test_of_two_filters_the_rarer_one_drives(session: EditorSession) -> None:
     conn = open_readonly(session.journal)
     try:
         assert _driving_column(conn, AuditQuery(tool="close_tab", status="ok")) == "tool"
         assert _driving_column(conn, AuditQuery(tool="saveDocument", status="rejected")) == "status"
         assert _driving_column(conn, AuditQuery(tool="saveDocument")) is None
+        # session and agent have no index of their own: never counted, never driving
+        assert _driving_column(conn, AuditQuery(agent="writer", status="failed")) == "status"
+        assert _driving_column(conn, AuditQuery(agent="writer", status="ok")) is None
+        assert _driving_column(conn, AuditQuery(session="s", agent="writer")) is None
     finally:
         conn.close()
 

@@ -140,9 +140,7 @@ def test_an_older_event_version_is_upcast_on_read_and_never_rewritten(
         outcome="discarded unsaved text",
         discarded_blob=stored["discarded_blob"],
     )
-    [line] = audit_json(
-        old_journal, capsys, "--tool", "close_tab", "--status", "ok", "--path", stored["path"]
-    )
+    [line] = audit_json(old_journal, capsys, "--tool", "close_tab", "--status", "ok", "--path", stored["path"])
     data = line["events"][0]["data"]
     assert (data["closed_as"], data["outcome"], data["closed_by"]) == (
         "b.md",
@@ -206,6 +204,21 @@ def test_an_old_journal_opens_migrates_and_works(old_journal: Path) -> None:
     assert cli("recover", "3", "--journal", old_journal).raw == b"# Notes\nunsaved line\n"
     history = cli("history", "/tmp/toolbus-fixture/work/b.md", "--journal", old_journal)
     assert "restored 21 B from @3" in history.out and "closed, discarded 21 B unsaved" in history.out
+
+
+def schema_of(journal: Path) -> list[tuple[str, str, str | None]]:
+    conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_migrated_journal_has_the_tables_views_and_indexes_of_a_new_one(old_journal: Path, tmp_path: Path) -> None:
+    SqliteJournal(old_journal, create=False).close()
+    new = tmp_path / "new.db"
+    SqliteJournal(new).close()
+    assert schema_of(old_journal) == schema_of(new)
 
 
 def test_stored_data_is_compact_json_tagged_with_its_type() -> None:
