@@ -15,6 +15,7 @@ characters become a phrase of bigrams, a single character a prefix of any indexe
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import sqlite3
 import unicodedata
@@ -150,7 +151,7 @@ def _load_batches(
     while batch := list(itertools.islice(source, _BATCH)):
         conn.executemany(_INSERT_ROW, [_row(position, event) for position, event in batch])
         conn.executemany(_INSERT_INDEXED, [_indexed(position, event) for position, event in batch])
-        tallies.update(_audience(event) for _, event in batch)
+        tallies.update(map(_audience, [event for _, event in batch]))
         count += len(batch)
     return count, tallies
 
@@ -182,8 +183,10 @@ def _indexed(position: int, event: ObservationSaved) -> tuple[int, str, str, str
     return position, searchable(event.title), searchable(event.text), searchable(tags)
 
 
-def _audience(event: ObservationSaved) -> Audience:
-    return event.project, event.type, event.visibility, event.department, event.agent
+# A tally's key, read in C: a Counter fed through map() counts without a Python call per row.
+_audience: Callable[[ObservationSaved], Audience] = operator.attrgetter(
+    "project", "type", "visibility", "department", "agent"
+)
 
 
 # --- the searchable form of text, and queries over it -----------------------------------

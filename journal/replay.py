@@ -40,7 +40,10 @@ def rebuild_memory(conn: sqlite3.Connection) -> int:
     Returns the number of observations."""
     from journal.store import SqliteJournal
 
-    with SqliteJournal.transaction(conn):
+    # Every observation's id is the position of the event it is read from, in this very
+    # transaction: checking each against `events` (the foreign key) would only cost time.
+    # The setting can change only outside a transaction, hence here.
+    with _settings(conn, {"foreign_keys": "OFF"}), SqliteJournal.transaction(conn):
         return project_observations(conn, conn)
 
 
@@ -57,8 +60,8 @@ def project_observations(source: sqlite3.Connection, target: sqlite3.Connection)
 # While a rebuild writes (on what may be the journal's own connection, so put back after):
 # secure_delete FAST, because the system's SQLite may be built to zero every page freed by
 # dropping the old store, which writes it all out a second time through the WAL (its text is
-# in the events anyway); and a page cache large enough to keep the pages being filled.
-_REBUILD_PRAGMAS: dict[str, str | int] = {"secure_delete": "FAST", "cache_size": -256 * 1024}  # KiB
+# in the events anyway).
+_REBUILD_PRAGMAS: dict[str, str | int] = {"secure_delete": "FAST"}
 
 
 @contextmanager

@@ -3,6 +3,7 @@ store's SQL over a real journal file whose events (and their times) the test cho
 
 from __future__ import annotations
 
+import gc
 import random
 import sqlite3
 from collections.abc import Iterator
@@ -318,11 +319,16 @@ def test_a_rebuilt_store_equals_the_one_written_live(memory: Memory) -> None:
             for v in viewers
         ]
 
+    def settings(conn: sqlite3.Connection) -> list[Any]:
+        return [conn.execute(f"PRAGMA {name}").fetchone() for name in ("foreign_keys", "secure_delete", "cache_size")]
+
     save(1300)  # more than one batch of a bulk load
-    live, found = _store_dump(memory), answers()
+    live, found, before = _store_dump(memory), answers(), memory.journal.run_sync(settings)
     assert memory.journal.run_sync(rebuild_memory) == 1300
     assert _store_dump(memory) == live
     assert answers() == found
+    # the journal's connection is left as it was
+    assert memory.journal.run_sync(settings) == before and gc.isenabled()
     # a live write after a rebuild lands as it would have without one
     save(40)
     assert memory.journal.run_sync(check_memory).differences == []
