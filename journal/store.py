@@ -90,7 +90,7 @@ class SqliteJournal:
         self._conn = self._open(create, synchronous)
         self._identity = _identity(path)
         self._worker: _Worker | None = None
-        self._checkpointer = _Checkpointer(path, synchronous)
+        self._checkpointer = _Checkpointer(path, synchronous, self._lock)
         self._changes = self._conn.total_changes
 
     # --- opening ----------------------------------------------------------------------
@@ -382,11 +382,12 @@ def _identity(path: Path) -> tuple[int, int]:
 class _Checkpointer:
     """Copies committed pages from the WAL into the database file, on its own connection and
     thread, a little after writes happen. A PASSIVE checkpoint never blocks writers, so no
-    tool call's commit waits for one; and batching them copies each hot page once."""
+    tool call's commit waits for the bulk of one; and batching them copies each hot page once."""
 
-    def __init__(self, path: Path, synchronous: Synchronous) -> None:
+    def __init__(self, path: Path, synchronous: Synchronous, writers: threading.Lock) -> None:
         self._path = path
         self._synchronous = synchronous
+        self._writers = writers
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -423,6 +424,13 @@ class _Checkpointer:
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            # Commits made during that pass leave the WAL unfinished, and SQLite restarts the WAL
+            # from its start only when a writer finds it fully copied; under steady calls that
+            # never happens, so the WAL grew to the fallback size and every commit extended the
+            # file (a slower fsync than overwriting). Copying those last few frames while this
+            # process's writers wait (well under a millisecond) lets the next commit wrap.
+            with self._writers:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:  # another process is checkpointing, or the disk is unhappy: next time
             log.debug("background checkpoint of %s failed", self._path, exc_info=True)
 
