@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
+from typing import Any, cast
 
 import mcp.types as types
 import msgspec
@@ -64,5 +64,10 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
 async def serve_stdio(server: Server[Any]) -> None:
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    from adapters.stdio import event_loop_stdio
+
+    async with event_loop_stdio() as streams:
+        # The SDK's own streams when stdin or stdout is not a pipe; its protocol work either way.
+        stdin, stdout = streams or (None, None)
+        async with stdio_server(cast(Any, stdin), cast(Any, stdout)) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())

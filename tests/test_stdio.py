@@ -1,0 +1,180 @@
+"""stdio on the event loop (adapters/stdio.py): lines in, text out, stray output kept off the
+wire, and the SDK's own streams when stdin is not a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any, cast
+
+import pytest
+
+from adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter
+from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def reading(data: bytes) -> AsyncIterator[tuple[LineReader, asyncio.ReadTransport]]:
+    """A LineReader on a pipe that a thread fills with `data`, then closes."""
+    read_end, write_end = os.pipe()
+
+    def fill() -> None:
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(data)
+
+    filler = threading.Thread(target=fill)
+    filler.start()
+    reader = LineReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: reader, os.fdopen(read_end, "rb"))
+    try:
+        yield reader, transport
+    finally:
+        transport.close()
+        filler.join()
+
+
+async def all_lines(reader: LineReader) -> list[str]:
+    return [line async for line in reader]
+
+
+async def test_lines_split_at_newlines_only_and_the_last_needs_none() -> None:
+    data = b'{"a":1}\n{"b":\r2}\r\n\n\xff tail'
+    async with reading(data) as (reader, _):
+        assert await all_lines(reader) == ['{"a":1}', '{"b":\r2}\r', "", "\ufffd tail"]
+
+
+async def test_a_line_longer_than_any_read_is_one_line() -> None:
+    line = b"x" * 5_000_000
+    async with reading(line + b"\n" + b"next\n") as (reader, _):
+        assert [len(text) for text in await all_lines(reader)] == [5_000_000, 4]
+
+
+async def test_reading_pauses_while_lines_wait_and_resumes_when_taken() -> None:
+    count = MAX_PENDING_LINES * 3
+    async with reading(b"".join(b"%d\n" % n for n in range(count))) as (reader, transport):
+        first = await reader.__anext__()
+        while transport.is_reading():  # the rest arrives, until too many lines wait
+            await asyncio.sleep(0.001)
+        assert [first, *await all_lines(reader)] == [str(n) for n in range(count)]
+
+
+@asynccontextmanager
+async def writing() -> AsyncIterator[tuple[LineWriter, int]]:
+    """A LineWriter on a pipe; yields it and the pipe's read end."""
+    read_end, write_end = os.pipe()
+    writer = LineWriter()
+    transport, _ = await asyncio.get_running_loop().connect_write_pipe(lambda: writer, os.fdopen(write_end, "wb"))
+    transport.set_write_buffer_limits(high=0)
+    try:
+        yield writer, read_end
+    finally:
+        transport.close()
+        with contextlib.suppress(OSError):  # a test may have closed it
+            os.close(read_end)
+
+
+async def test_flush_waits_until_the_other_end_has_read_everything() -> None:
+    text = "é" * 1_000_000  # far more than a pipe holds
+    async with writing() as (writer, read_end):
+        await writer.write(text)
+        flushed = asyncio.ensure_future(writer.flush())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not flushed.done()
+        received = bytearray()
+
+        def drain() -> None:
+            while len(received) < len(text.encode()):
+                received.extend(os.read(read_end, 1 << 16))
+
+        await asyncio.gather(flushed, asyncio.to_thread(drain))
+        assert received.decode() == text
+
+
+async def test_writing_to_a_closed_reader_is_a_broken_pipe() -> None:
+    async with writing() as (writer, read_end):
+        os.close(read_end)
+        with pytest.raises(BrokenPipeError):
+            for _ in range(100):  # the loss shows on a write, or at the flush that waits for it
+                await writer.write("x" * 100_000)
+                await writer.flush()
+
+
+ECHO = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from adapters.stdio import event_loop_stdio
+
+    async def main():
+        async with event_loop_stdio() as streams:
+            reader, writer = streams
+            print("stray print", flush=True)
+            os.write(1, b"stray write\\n")
+            async for line in reader:
+                await writer.write(line.upper() + "\\n")
+                await writer.flush()
+        os.write(1, b"after\\n")
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_stray_output_goes_to_stderr_while_serving_and_stdout_comes_back() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", ECHO], input=b"one\ntwo\n", capture_output=True, cwd=ROOT, timeout=30, check=True
+    )
+    assert done.stdout == b"ONE\nTWO\nafter\n"
+    assert b"stray print\n" in done.stderr and b"stray write\n" in done.stderr
+
+
+def test_serve_answers_when_stdout_is_a_file(tmp_path: Path) -> None:
+    """Not a pipe: the SDK's own threaded streams serve, with the same answers."""
+    output = tmp_path / "answers.jsonl"
+    with output.open("wb") as stdout:
+        server = subprocess.Popen(
+            toolbus_argv(tmp_path / "journal.db"), stdin=subprocess.PIPE, stdout=stdout, env=clean_env()
+        )
+    assert server.stdin is not None
+    try:
+        initialize = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        }
+        send(server.stdin, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize})
+        assert answer(output, 1)["result"]["serverInfo"]["name"] == "toolbus"
+        send(server.stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send(server.stdin, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert "saveDocument" in {tool["name"] for tool in answer(output, 2)["result"]["tools"]}
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0
+
+
+def send(stdin: IO[bytes], message: dict[str, Any]) -> None:
+    stdin.write(json.dumps(message).encode() + b"\n")
+    stdin.flush()
+
+
+def answer(output: Path, request_id: int, deadline: float = 30) -> dict[str, Any]:
+    until = time.monotonic() + deadline
+    while time.monotonic() < until:
+        for line in output.read_bytes().splitlines():
+            if (message := json.loads(line)).get("id") == request_id:
+                return cast(dict[str, Any], message)
+        time.sleep(0.02)
+    raise AssertionError(f"no answer to request {request_id} in {output}")
