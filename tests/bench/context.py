@@ -63,8 +63,8 @@ class Context:
             cwd=ROOT,
         )
 
-    def noop_server(self) -> StdioServer:
-        return StdioServer([sys.executable, str(NOOP_SERVER)], env=clean_env(), cwd=ROOT)
+    def noop_server(self, *flags: str) -> StdioServer:
+        return StdioServer([sys.executable, str(NOOP_SERVER), *flags], env=clean_env(), cwd=ROOT)
 
 
 def toolbus_script() -> list[str]:

@@ -1,11 +1,16 @@
 """The baseline: a bare `mcp` low-level server over stdio with one tool that does nothing.
 
 Run as a script (`python tests/bench/noop_server.py`), so it imports nothing but `mcp`.
+With `--event-loop-stdio` it reads and writes stdio as `toolbus serve` does (adapters/stdio.py):
+the same transport, to show what toolbus's own work costs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from contextlib import AbstractAsyncContextManager, nullcontext
+from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import mcp.types as types
@@ -34,8 +39,19 @@ async def call_tool(
 
 async def main() -> None:
     server = Server("noop", version="0", on_list_tools=list_tools, on_call_tool=call_tool)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    async with _streams() as streams:
+        stdin, stdout = streams or (None, None)
+        async with stdio_server(cast(Any, stdin), cast(Any, stdout)) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _streams() -> AbstractAsyncContextManager[Any]:
+    if "--event-loop-stdio" not in sys.argv:
+        return nullcontext()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from adapters.stdio import event_loop_stdio
+
+    return event_loop_stdio()
 
 
 if __name__ == "__main__":
