@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -130,10 +129,17 @@ def _is_pipe(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+def _private_copy(fd: int) -> int:
+    """A close-on-exec duplicate of `fd` above the standard three, even if one of them is closed."""
+    import fcntl  # POSIX only, as is everything that calls this
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+
+
 def _take_wire(fd: int) -> int:
     """Move the stream behind `fd` to a private descriptor; `fd` reads the null device (stdin)
     or writes to stderr (stdout) meanwhile."""
-    wire = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire = _private_copy(fd)
     stand_in = os.open(os.devnull, os.O_RDONLY) if fd == 0 else os.dup(2)
     os.dup2(stand_in, fd)
     os.close(stand_in)
@@ -148,15 +154,15 @@ def _give_back_wire(fd: int, wire: int) -> None:
 
 def _stream(wire: int, mode: str) -> BinaryIO:
     """A file of its own on the wire for a transport, which closes it when done."""
-    return os.fdopen(fcntl.fcntl(wire, fcntl.F_DUPFD_CLOEXEC, 3), mode, buffering=0)
+    return os.fdopen(_private_copy(wire), mode, buffering=0)
 
 
 @contextlib.asynccontextmanager
 async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter] | None]:
     """stdin and stdout on the event loop, or None when either is not a pipe or a socket (a
-    file, a terminal): then the SDK's threaded streams serve. Terminals are left to the SDK on
-    purpose: the non-blocking mode the event loop needs would be shared with the shell."""
-    if not (_is_pipe(0) and _is_pipe(1)):
+    file, a terminal) or not on POSIX: then the SDK's threaded streams serve. Terminals are left
+    to the SDK on purpose: the non-blocking mode the event loop needs would be shared with the shell."""
+    if os.name != "posix" or not (_is_pipe(0) and _is_pipe(1)):
         yield None
         return
     loop = asyncio.get_running_loop()
