@@ -55,7 +55,7 @@ def start_to_initialize(ctx: Context) -> None:
         Figure(
             key="startup.serve_to_initialize",
             summary=f"{median(serve) * 1000:.0f} ms vs import mcp {median(imports) * 1000:.0f} ms: "
-            f"+{excess * 1000:.0f} ms",
+            f"{excess * 1000:+.0f} ms",
             target=f"start <= import + {START_ALLOWANCE_S * 1000:.0f} ms",
             met=excess <= START_ALLOWANCE_S,
             measured={"median_s": median(serve), "excess_over_import_s": excess, "runs": len(serve)},
