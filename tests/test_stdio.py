@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -104,13 +105,34 @@ async def test_flush_waits_until_the_other_end_has_read_everything() -> None:
         assert received.decode() == text
 
 
-async def test_writing_to_a_closed_reader_is_a_broken_pipe() -> None:
+async def test_a_reply_to_a_reader_that_has_gone_is_a_broken_pipe() -> None:
     async with writing() as (writer, read_end):
         os.close(read_end)
         with pytest.raises(BrokenPipeError):
-            for _ in range(100):  # the loss shows on a write, or at the flush that waits for it
-                await writer.write("x" * 100_000)
-                await writer.flush()
+            await writer.write('{"id":1}\n')
+            await writer.flush()
+
+
+async def test_a_cancelled_flush_leaves_the_next_one_working() -> None:
+    async with writing() as (writer, read_end):
+        await writer.write("x" * 200_000)
+        flush = asyncio.ensure_future(writer.flush())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        flush.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flush
+        received = bytearray()
+
+        def drain() -> None:
+            while not received.endswith(b"y\n"):
+                received.extend(os.read(read_end, 1 << 16))
+
+        reading_all = asyncio.ensure_future(asyncio.to_thread(drain))
+        await writer.write("y\n")
+        await writer.flush()
+        await reading_all
+        assert received == b"x" * 200_000 + b"y\n"
 
 
 ECHO = textwrap.dedent(
@@ -126,7 +148,7 @@ ECHO = textwrap.dedent(
             async for line in reader:
                 await writer.write(line.upper() + "\\n")
                 await writer.flush()
-        os.write(1, b"after\\n")
+        os.write(1, b"after: blocking %d %d\\n" % (os.get_blocking(0), os.get_blocking(1)))
 
     asyncio.run(main())
     """
@@ -137,8 +159,63 @@ def test_stray_output_goes_to_stderr_while_serving_and_stdout_comes_back() -> No
     done = subprocess.run(
         [sys.executable, "-c", ECHO], input=b"one\ntwo\n", capture_output=True, cwd=ROOT, timeout=30, check=True
     )
-    assert done.stdout == b"ONE\nTWO\nafter\n"
+    assert done.stdout == b"ONE\nTWO\nafter: blocking 1 1\n"
     assert b"stray print\n" in done.stderr and b"stray write\n" in done.stderr
+
+
+CUT_SHORT = textwrap.dedent(
+    """
+    import asyncio
+    from adapters.stdio import event_loop_stdio
+
+    async def main():
+        async with event_loop_stdio() as (reader, writer):
+            await writer.write("x" * 1_000_000 + "\\n")
+            try:  # as when shutdown cancels the writer in the middle of a flush
+                await asyncio.wait_for(writer.flush(), 0.1)
+            except asyncio.TimeoutError:
+                pass
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_output_still_buffered_at_exit_reaches_a_slow_client() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", CUT_SHORT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT
+    )
+    assert server.stdout is not None
+    time.sleep(0.5)  # a client that reads late: the flush gives up first
+    received = server.stdout.read()
+    assert server.wait(timeout=30) == 0
+    assert received == b"x" * 1_000_000 + b"\n"
+
+
+def test_serve_answers_on_a_socket_shared_by_stdin_and_stdout(tmp_path: Path) -> None:
+    """inetd and socat give one socket as both: the SDK's own streams serve it."""
+    client, server_end = socket.socketpair()
+    with client, server_end:
+        server = subprocess.Popen(
+            toolbus_argv(tmp_path / "journal.db"), stdin=server_end, stdout=server_end, env=clean_env()
+        )
+        server_end.close()
+        client.settimeout(30)
+        answers = client.makefile("rb")
+        initialize = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        }
+        client.sendall(
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}).encode() + b"\n"
+        )
+        assert json.loads(answers.readline())["result"]["serverInfo"]["name"] == "toolbus"
+        client.sendall(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        client.sendall(b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}\n')
+        assert "saveDocument" in {tool["name"] for tool in json.loads(answers.readline())["result"]["tools"]}
+        client.shutdown(socket.SHUT_WR)
+        assert server.wait(timeout=30) == 0
 
 
 def test_serve_answers_when_stdout_is_a_file(tmp_path: Path) -> None:
