@@ -40,7 +40,7 @@ class LineReader(asyncio.Protocol):
         self._partial = bytearray()
         self._lines: collections.deque[str] = collections.deque()
         self._eof = False
-        self._wakeup: asyncio.Future[None] | None = None
+        self._arrived = asyncio.Event()  # lines or the end came since the consumer last looked
         self._transport: asyncio.ReadTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -58,7 +58,7 @@ class LineReader(asyncio.Protocol):
         self._lines.extend(map(_decode, lines))
         if len(self._lines) >= MAX_PENDING_LINES and self._transport is not None:
             self._transport.pause_reading()
-        self._wake()
+        self._arrived.set()
 
     def eof_received(self) -> bool:
         self._finish()
@@ -74,11 +74,7 @@ class LineReader(asyncio.Protocol):
             self._lines.append(_decode(bytes(self._partial)))
             self._partial.clear()
         self._eof = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+        self._arrived.set()
 
     def __aiter__(self) -> LineReader:
         return self
@@ -87,8 +83,8 @@ class LineReader(asyncio.Protocol):
         while not self._lines:
             if self._eof:
                 raise StopAsyncIteration
-            self._wakeup = asyncio.get_running_loop().create_future()
-            await self._wakeup
+            self._arrived.clear()
+            await self._arrived.wait()
         line = self._lines.popleft()
         if not self._lines and self._transport is not None and not self._eof:
             self._transport.resume_reading()
