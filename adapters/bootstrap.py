@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapters.config import Settings
-from adapters.files import LocalFiles
-from adapters.nvim import NvimEditor, find_nvim
-from bus import TOOL_COMMANDS, Bus, Command, RestoreFile
-from handlers import HANDLERS, Editor, Files, MemoryStore, Texts
-from journal import SqliteJournal
-from journal.audit import JournalTexts
-from journal.memory import SqliteMemoryStore
+from toolbus.adapters.config import Settings
+from toolbus.adapters.files import LocalFiles
+from toolbus.adapters.nvim import NvimEditor, find_nvim
+from toolbus.bus import TOOL_COMMANDS, Bus, Command, RestoreFile
+from toolbus.handlers import HANDLERS, Editor, Files, MemoryStore, Texts
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.audit import JournalTexts
+from toolbus.journal.sqlite.memory import SqliteMemoryStore
 
 # Commands only the command line runs: never listed as MCP tools.
 CLI_COMMANDS: tuple[type[Command], ...] = (RestoreFile,)

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
-from adapters.config import Settings, add_settings_arguments, settings_from
-from bus import ToolbusError
+from toolbus.adapters.config import Settings, add_settings_arguments, settings_from
+from toolbus.bus import ToolbusError
 
 USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from adapters import cli_journal
+    from toolbus.adapters import cli_journal
 
     parser = argparse.ArgumentParser(
         prog="toolbus",
@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
-    from adapters.bootstrap import build_bus, open_journal
-    from adapters.mcp_server import build_server, serve_stdio
+    from toolbus.adapters.bootstrap import build_bus, open_journal
+    from toolbus.adapters.mcp_server import build_server, serve_stdio
 
     journal = open_journal(settings)
     bus = build_bus(settings, journal)
@@ -88,7 +88,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_doctor(args: argparse.Namespace, settings: Settings) -> int:
-    from adapters.doctor import diagnose
+    from toolbus.adapters.doctor import diagnose
 
     report, healthy = diagnose(settings, version())
     print(report)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from adapters.config import Settings, add_settings_arguments
+from toolbus.adapters.config import Settings, add_settings_arguments
 
 if TYPE_CHECKING:
-    from journal.audit import AuditEntry, HistoryEntry, StoredEvent
+    from toolbus.journal.sqlite.audit import AuditEntry, HistoryEntry, StoredEvent
 
 Runner = Callable[[argparse.Namespace, Settings], int]
 _json = msgspec.json.Encoder()
@@ -34,7 +34,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     _add_history(commands)
     _add_recover(commands)
     _add_replay(commands)
-    from adapters.demo import add_demo
+    from toolbus.adapters.demo import add_demo
 
     add_demo(commands)
 
@@ -52,7 +52,7 @@ def _journal_argument(parser: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def _reading(settings: Settings) -> Iterator[sqlite3.Connection]:
-    from journal.readonly import open_readonly
+    from toolbus.journal.sqlite.readonly import open_readonly
 
     conn = open_readonly(settings.journal, settings.journal_busy_timeout)
     try:
@@ -157,7 +157,7 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
 
 def audit_query(args: argparse.Namespace) -> Any:
     """The filters as typed, checked: raises ValueError naming the option."""
-    from journal.audit import AuditQuery, file_streams, parse_limit, parse_status, parse_time
+    from toolbus.journal.sqlite.audit import AuditQuery, file_streams, parse_limit, parse_status, parse_time
 
     return AuditQuery(
         tool=args.tool,
@@ -173,7 +173,7 @@ def audit_query(args: argparse.Namespace) -> Any:
 
 @_quiet_broken_pipe
 def run_audit(args: argparse.Namespace, settings: Settings) -> int:
-    from journal.audit import audit
+    from toolbus.journal.sqlite.audit import audit
 
     query = audit_query(args)
     with _reading(settings) as conn:
@@ -292,7 +292,7 @@ def _add_history(commands: argparse._SubParsersAction[Any]) -> None:
 
 @_quiet_broken_pipe
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
-    from journal.audit import history, parse_limit
+    from toolbus.journal.sqlite.audit import history, parse_limit
 
     limit = parse_limit(args.limit)
     with _reading(settings) as conn:
@@ -304,7 +304,7 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def print_history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> None:
-    from journal.audit import history
+    from toolbus.journal.sqlite.audit import history
 
     entries = history(conn, path, limit)
     shown = os.path.abspath(os.path.expanduser(path))
@@ -335,7 +335,7 @@ def _history_row(entry: HistoryEntry) -> list[str]:
 
 
 def _recoverable_words(event: StoredEvent) -> str:
-    from journal.audit import RECOVERABLE_FIELDS
+    from toolbus.journal.sqlite.audit import RECOVERABLE_FIELDS
 
     field = RECOVERABLE_FIELDS.get(event.type)
     digest = event.data.get(field[0]) if field else None
@@ -364,13 +364,13 @@ def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_recover(args: argparse.Namespace, settings: Settings) -> int:
-    from journal.audit import find_event, recoverable
+    from toolbus.journal.sqlite.audit import find_event, recoverable
 
     with _reading(settings) as conn:
         found = recoverable(conn, find_event(conn, args.event))
     where = f"event @{found.event.position}, {found.path}"
     if args.apply:
-        from adapters.recover import apply_recovery
+        from toolbus.adapters.recover import apply_recovery
 
         position = apply_recovery(settings, found)
         print(
@@ -439,8 +439,8 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
-    from journal.readonly import require_journal
-    from journal.replay import check_memory, rebuild_memory
+    from toolbus.journal.sqlite.readonly import require_journal
+    from toolbus.journal.sqlite.replay import check_memory, rebuild_memory
 
     if args.check:
         with _reading(settings) as conn:
@@ -453,7 +453,7 @@ def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 1 if report.differences else 0
     require_journal(settings.journal)
-    from adapters.bootstrap import open_journal
+    from toolbus.adapters.bootstrap import open_journal
 
     journal = open_journal(settings, create=False)
     try:
@@ -465,8 +465,8 @@ def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
-    from journal.audit import parse_position
-    from journal.replay import editor_steps, parse_path_map
+    from toolbus.journal.sqlite.audit import parse_position
+    from toolbus.journal.sqlite.replay import editor_steps, parse_path_map
 
     start = parse_position("--from", args.start) if args.start is not None else None
     end = parse_position("--to", args.end) if args.end is not None else None
@@ -480,7 +480,7 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
             print(f"would {step.describe()}")
         print(f"{len(steps)} step{'s' if len(steps) != 1 else ''} to replay (dry run: nothing changed)")
         return 0
-    from adapters.replay_editor import replay_to_neovim
+    from toolbus.adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
     replay_to_neovim(settings.nvim, settings.nvim_timeout, steps, lambda done: print(done, flush=True))

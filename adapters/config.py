@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-from journal import default_journal_path
+from toolbus.journal import default_journal_path
 
 SyncMode = Literal["FULL", "NORMAL"]  # FULL: durable across power loss
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adapters.config import Settings
+from toolbus.adapters.config import Settings
 
 T = TypeVar("T")
 STEP_TIMEOUT = 30.0
@@ -68,7 +68,7 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
     # pynvim takes the thread that first imports it for the main thread: make that true.
-    import adapters.nvim  # noqa: F401
+    import toolbus.adapters.nvim  # noqa: F401
 
     nvim = find_neovim()
     root = Path(tempfile.mkdtemp(prefix="toolbus-demo-"))
@@ -127,7 +127,7 @@ def say(text: str = "") -> None:
 
 def _as_user(stage: Stage, action: Callable[[Any], T]) -> T:
     """One user action in Neovim, over its socket (on a worker thread: pynvim needs its own loop)."""
-    from adapters.nvim import attach
+    from toolbus.adapters.nvim import attach
 
     with attach(stage.socket) as nvim:
         return action(nvim)
@@ -145,7 +145,7 @@ async def _agent_session(stage: Stage) -> None:
 
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "adapters.cli", "serve", "--nvim", stage.socket, "--agent", "demo-agent"],
+        args=["-m", "toolbus.adapters.cli", "serve", "--nvim", stage.socket, "--agent", "demo-agent"],
         env=stage.env,
     )
     with anyio.fail_after(STEP_TIMEOUT * 4):
@@ -207,9 +207,9 @@ def _pretty(text: str) -> str:
 
 
 def _show_journal(stage: Stage) -> None:
-    from adapters.cli_journal import print_audit_table, print_history
-    from journal.audit import AuditQuery, audit, find_event, recoverable
-    from journal.readonly import open_readonly
+    from toolbus.adapters.cli_journal import print_audit_table, print_history
+    from toolbus.journal.sqlite.audit import AuditQuery, audit, find_event, recoverable
+    from toolbus.journal.sqlite.readonly import open_readonly
 
     conn = open_readonly(stage.journal)
     try:
@@ -228,11 +228,11 @@ def _show_journal(stage: Stage) -> None:
 
 
 def _recover(stage: Stage, found: Any, closed: int) -> None:
-    from adapters.cli_journal import print_audit_table
-    from adapters.config import settings_from
-    from adapters.recover import apply_recovery
-    from journal.audit import AuditQuery, audit
-    from journal.readonly import open_readonly
+    from toolbus.adapters.cli_journal import print_audit_table
+    from toolbus.adapters.config import settings_from
+    from toolbus.adapters.recover import apply_recovery
+    from toolbus.journal.sqlite.audit import AuditQuery, audit
+    from toolbus.journal.sqlite.readonly import open_readonly
 
     settings = settings_from(argparse.Namespace(journal=str(stage.journal), agent="demo-user"), env={})
     apply_recovery(settings, found)

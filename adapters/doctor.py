@@ -7,10 +7,10 @@ import platform
 import sqlite3
 from importlib import metadata
 
-from adapters.config import Settings
-from adapters.nvim import blocking_request, find_nvim
-from bus import JournalUnavailable
-from journal import open_readonly
+from toolbus.adapters.config import Settings
+from toolbus.adapters.nvim import blocking_request, find_nvim
+from toolbus.bus import JournalUnavailable
+from toolbus.journal import open_readonly
 
 
 def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:

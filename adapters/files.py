@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import anyio
 
-from bus import Fault
+from toolbus.bus import Fault
 
 T = TypeVar("T")
 

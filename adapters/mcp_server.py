@@ -11,7 +11,7 @@ import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from bus import Bus, Caller, Reply, ToolbusError
+from toolbus.bus import Bus, Caller, Reply, ToolbusError
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -64,7 +64,7 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
 async def serve_stdio(server: Server[Any]) -> None:
     from mcp.server.stdio import stdio_server
 
-    from adapters.stdio import event_loop_stdio
+    from toolbus.adapters.stdio import event_loop_stdio
 
     async with event_loop_stdio() as streams:
         # The SDK's own streams when stdin or stdout is not a pipe; its protocol work either way.

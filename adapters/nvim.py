@@ -28,8 +28,8 @@ import msgpack
 import msgspec
 import pynvim
 
-from bus import EditorLost, EditorTimeout, EditorUnavailable
-from handlers.ports import OpenEditor, SaveOutcome, TabMatch
+from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable
+from toolbus.handlers.ports import OpenEditor, SaveOutcome, TabMatch
 
 log = logging.getLogger("toolbus.nvim")
 

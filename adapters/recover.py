@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import anyio
 
-from adapters.config import Settings
-from bus import Caller
-from handlers.restore import Restored
-from journal.audit import Recoverable
-from journal.readonly import require_journal
+from toolbus.adapters.config import Settings
+from toolbus.bus import Caller
+from toolbus.handlers.restore import Restored
+from toolbus.journal.sqlite.audit import Recoverable
+from toolbus.journal.sqlite.readonly import require_journal
 
 
 def apply_recovery(settings: Settings, found: Recoverable) -> int:
     """Restore `found` to its file; returns the position of the FileRestored event."""
-    from adapters.bootstrap import build_bus, open_journal
-    from adapters.cli import version
+    from toolbus.adapters.bootstrap import build_bus, open_journal
+    from toolbus.adapters.cli import version
 
     require_journal(settings.journal)  # never let a writer migrate a stranger's file
     journal = open_journal(settings, create=False)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
-from adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
-from bus import Fault, ToolbusError
-from journal.replay import EditorStep
+from toolbus.adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
+from toolbus.bus import Fault, ToolbusError
+from toolbus.journal.sqlite.replay import EditorStep
 
 Report = Callable[[str], None]
 

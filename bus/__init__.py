@@ -1,6 +1,6 @@
 """The core: typed commands and events, and the bus that runs them. Imports nothing of ours."""
 
-from bus.commands import (
+from toolbus.bus.commands import (
     TOOL_COMMANDS,
     CheckDocumentDirty,
     CloseTab,
@@ -14,7 +14,7 @@ from bus.commands import (
     Timeline,
     absolute_path,
 )
-from bus.errors import (
+from toolbus.bus.errors import (
     EditorLost,
     EditorTimeout,
     EditorUnavailable,
@@ -24,7 +24,7 @@ from bus.errors import (
     JournalUnavailable,
     ToolbusError,
 )
-from bus.events import (
+from toolbus.bus.events import (
     EVENT_TYPES,
     UPCASTERS,
     AnyEvent,
@@ -40,7 +40,7 @@ from bus.events import (
     encode_event_data,
     upcaster,
 )
-from bus.messagebus import (
+from toolbus.bus.messagebus import (
     Bus,
     Caller,
     CommandRecord,

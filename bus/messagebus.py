@@ -18,9 +18,9 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
-from bus.commands import Command
-from bus.errors import EditorLost, EditorTimeout, Fault, InvalidArguments, ToolbusError
-from bus.events import Event
+from toolbus.bus.commands import Command
+from toolbus.bus.errors import EditorLost, EditorTimeout, Fault, InvalidArguments, ToolbusError
+from toolbus.bus.events import Event
 
 log = logging.getLogger("toolbus.bus")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from bus.commands import OrderBy
+from toolbus.bus.commands import OrderBy
 
 
 class SearchQuery(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,7 +1,7 @@
 """One handler per command type, registered in one table. Handlers do no I/O of their own:
 they reach Neovim, memory and the journal through the Protocols in `handlers.ports`."""
 
-from bus import (
+from toolbus.bus import (
     CheckDocumentDirty,
     CloseTab,
     Command,
@@ -14,8 +14,8 @@ from bus import (
     SearchObservations,
     Timeline,
 )
-from handlers import editor, memory, restore
-from handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
+from toolbus.handlers import editor, memory, restore
+from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from bus import (
+from toolbus.bus import (
     CheckDocumentDirty,
     CloseTab,
     DocumentSaved,
@@ -20,7 +20,7 @@ from bus import (
     TabCloseSkipped,
     blob_hash,
 )
-from handlers.ports import Editor, OpenEditor
+from toolbus.handlers.ports import Editor, OpenEditor
 
 TAB_CLOSED = "TAB_CLOSED"
 WIPE_ATTEMPTS = 3

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bus import (
+from toolbus.bus import (
     GetObservations,
     HandlerContext,
     InvalidArguments,
@@ -21,9 +21,9 @@ from bus import (
     SearchObservations,
     Timeline,
 )
-from bus.commands import ObservationType
-from bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
-from handlers.ports import MemoryStore
+from toolbus.bus.commands import ObservationType
+from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
 _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")

@@ -6,8 +6,8 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from bus import Caller
-from bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.bus import Caller
+from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 
 
 class OpenEditor(msgspec.Struct, frozen=True):

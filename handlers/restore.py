@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from bus import Fault, FileRestored, HandlerContext, RestoreFile, blob_hash
-from handlers.ports import Files, Texts
+from toolbus.bus import Fault, FileRestored, HandlerContext, RestoreFile, blob_hash
+from toolbus.handlers.ports import Files, Texts
 
 
 class Restored(msgspec.Struct, frozen=True, kw_only=True):

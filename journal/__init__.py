@@ -3,7 +3,7 @@
 The audit query itself is `journal.audit.audit` (not re-exported: it would hide its module).
 """
 
-from journal.audit import (
+from toolbus.journal.sqlite.audit import (
     AuditEntry,
     AuditQuery,
     HistoryEntry,
@@ -14,10 +14,10 @@ from journal.audit import (
     history,
     recoverable,
 )
-from journal.readonly import open_readonly, require_journal
-from journal.replay import EditorStep, MemoryCheck, check_memory, editor_steps, rebuild_memory
-from journal.schema import SCHEMA_VERSION
-from journal.store import SqliteJournal, default_journal_path, iso_time
+from toolbus.journal.sqlite.readonly import open_readonly, require_journal
+from toolbus.journal.sqlite.replay import EditorStep, MemoryCheck, check_memory, editor_steps, rebuild_memory
+from toolbus.journal.sqlite.schema import SCHEMA_VERSION
+from toolbus.journal.sqlite.store import SqliteJournal, default_journal_path, iso_time
 
 __all__ = [
     "SCHEMA_VERSION",

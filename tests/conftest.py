@@ -159,7 +159,7 @@ def server_params(
     *extra: str,
     env: dict[str, str] | None = None,
 ) -> StdioServerParameters:
-    args = ["-m", "adapters.cli", "serve", "--journal", str(journal)]
+    args = ["-m", "toolbus.adapters.cli", "serve", "--journal", str(journal)]
     if nvim_address:
         args += ["--nvim", nvim_address]
     base = {k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")}

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from bus import decode_event
 from tests.conftest import NeovimProcess
+from toolbus.bus import decode_event
 
 T = TypeVar("T")
 STATUSES = {"ok", "rejected", "failed", "in_doubt"}

@@ -33,7 +33,7 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, cwd: Path = ROOT) 
     """`toolbus ARGS` in a subprocess: exit code, stdout (text and bytes) and stderr."""
     base = {k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")}
     done = subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *map(str, args)],
+        [sys.executable, "-m", "toolbus.adapters.cli", *map(str, args)],
         capture_output=True,
         cwd=cwd,
         env=base | (env or {}),

@@ -41,7 +41,7 @@ class RpcError(Exception):
 
 def toolbus_argv(journal: Path, *flags: str, nvim: str | None = None) -> list[str]:
     """`toolbus serve` through the interpreter running the tests (the venv's)."""
-    argv = [sys.executable, "-m", "adapters.cli", "serve", "--journal", str(journal)]
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", "serve", "--journal", str(journal)]
     if nvim:
         argv += ["--nvim", nvim]
     return [*argv, *flags]

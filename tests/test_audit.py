@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from journal.audit import AuditQuery, _command_sql, _driving_column
-from journal.readonly import open_readonly
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from toolbus.journal.sqlite.audit import AuditQuery, _command_sql, _driving_column
+from toolbus.journal.sqlite.readonly import open_readonly
 
 JSON_FIELDS = {
     "id",

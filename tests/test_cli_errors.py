@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from journal import SqliteJournal
 from tests.journal_helpers import Run, cli
+from toolbus.journal import SqliteJournal
 
 # Every journal command, as `(journal path) -> arguments`.
 COMMANDS: dict[str, Callable[[Path], list[str]]] = {

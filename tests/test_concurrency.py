@@ -114,7 +114,7 @@ def test_servers_opening_a_new_journal_at_once_all_succeed(tmp_path: Path) -> No
     import shutil
     import tempfile
 
-    from journal import SqliteJournal
+    from toolbus.journal import SqliteJournal
 
     shm = Path("/dev/shm")
     base = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path

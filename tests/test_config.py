@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.config import add_settings_arguments, settings_from
+from toolbus.adapters.config import add_settings_arguments, settings_from
 
 
 def settings(*flags: str, **env: str):  # type: ignore[no-untyped-def]

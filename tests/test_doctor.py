@@ -13,7 +13,7 @@ from tests.conftest import NeovimProcess
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")}
     return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", "doctor", *args],
+        [sys.executable, "-m", "toolbus.adapters.cli", "doctor", *args],
         env=base | (env or {}),
         capture_output=True,
         text=True,

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bus import ObservationSaved, SaveObservation, decode_event
 from tests.conftest import NeovimProcess
 from tests.faults_helpers import assert_sound, ready, rows
 from tests.rpc_client import RpcError, StdioServer, result_text, toolbus_argv
+from toolbus.bus import ObservationSaved, SaveObservation, decode_event
 
 TOOLS = [
     "getOpenEditors",
@@ -332,7 +332,7 @@ MSGSPEC_RAISES |= {"depth_after", "ids", "facts", "concepts"}
 
 def _surrogate_calls(known_bad: bool) -> list[tuple[str, dict[str, Any]]]:
     """Every tool, every field of its schema and one unknown field, holding a lone surrogate."""
-    from bus import TOOL_COMMANDS
+    from toolbus.bus import TOOL_COMMANDS
 
     calls: list[tuple[str, dict[str, Any]]] = []
     for command in TOOL_COMMANDS:
@@ -351,9 +351,9 @@ async def _answer_in_process(
     import anyio
     from mcp import Client
 
-    from adapters.bootstrap import build_bus, open_journal
-    from adapters.config import Settings
-    from adapters.mcp_server import build_server
+    from toolbus.adapters.bootstrap import build_bus, open_journal
+    from toolbus.adapters.config import Settings
+    from toolbus.adapters.mcp_server import build_server
 
     settings = Settings(
         journal=journal_path,

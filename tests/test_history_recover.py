@@ -13,17 +13,17 @@ from typing import Any
 import anyio
 import pytest
 
-from adapters.bootstrap import Services
-from adapters.files import LocalFiles
-from adapters.nvim import NvimEditor
-from bus import Bus, Caller, CommandRecord, Journal, JournalUnavailable, RestoreFile, Status, blob_hash
-from handlers import HANDLERS, Files
-from handlers.restore import Restored
-from journal import SqliteJournal
-from journal.audit import JournalTexts
-from journal.memory import SqliteMemoryStore
 from tests.conftest import JournalReader, json_of, text_of, toolbus
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from toolbus.adapters.bootstrap import Services
+from toolbus.adapters.files import LocalFiles
+from toolbus.adapters.nvim import NvimEditor
+from toolbus.bus import Bus, Caller, CommandRecord, Journal, JournalUnavailable, RestoreFile, Status, blob_hash
+from toolbus.handlers import HANDLERS, Files
+from toolbus.handlers.restore import Restored
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.audit import JournalTexts
+from toolbus.journal.sqlite.memory import SqliteMemoryStore
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bus import Caller, CommandRecord, DocumentSaved
-from journal import SqliteJournal
-from journal.store import FALLBACK_CHECKPOINT_PAGES, Outcome
+from toolbus.bus import Caller, CommandRecord, DocumentSaved
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.store import FALLBACK_CHECKPOINT_PAGES, Outcome
 
 PAGE = 4096
 WAL_HEADER = 32

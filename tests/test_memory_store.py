@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
-from bus.queries import SearchQuery, TimelineQuery
-from handlers.memory import epoch_ms, observation_types
-from journal import SqliteJournal, check_memory, rebuild_memory
-from journal.memory import (
+from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
+from toolbus.bus.queries import SearchQuery, TimelineQuery
+from toolbus.handlers.memory import epoch_ms, observation_types
+from toolbus.journal import SqliteJournal, check_memory, rebuild_memory
+from toolbus.journal.sqlite.memory import (
     apply_observation,
     get_observations_sync,
     match_expression,

@@ -8,9 +8,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
-from bus import EditorTimeout, EditorUnavailable
 from tests.conftest import NeovimProcess
+from toolbus.adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
+from toolbus.bus import EditorTimeout, EditorUnavailable
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
-from journal.memory import reset_memory_tables
 from tests.conftest import NeovimProcess, json_of, toolbus
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from toolbus.journal.sqlite.memory import reset_memory_tables
 
 pytestmark = pytest.mark.anyio
 

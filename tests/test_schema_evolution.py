@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
-import bus.events
-from adapters.cli import main
-from bus.events import EVENT_TYPES, DocumentSaved, Event, TabClosed, decode_event, upcaster
-from journal import SCHEMA_VERSION, SqliteJournal
 from tests.journal_helpers import cli
+from toolbus.adapters.cli import main
+from toolbus.bus import events as bus_events
+from toolbus.bus.events import EVENT_TYPES, DocumentSaved, Event, TabClosed, decode_event, upcaster
+from toolbus.journal import SCHEMA_VERSION, SqliteJournal
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("journal-schema*.db"))
 RECORDED_TYPES = {
@@ -111,7 +111,7 @@ class TabClosedV3(Event, frozen=True, kw_only=True, tag="TabClosed"):
 
 def register_tab_closed_v3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(EVENT_TYPES, "TabClosed", TabClosedV3)
-    monkeypatch.setattr(bus.events, "UPCASTERS", {})
+    monkeypatch.setattr(bus_events, "UPCASTERS", {})
 
     @upcaster("TabClosed", 1)
     def rename_tab_name(data: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def test_an_older_event_version_is_upcast_on_read_and_never_rewritten(
 
 def test_a_missing_upcaster_is_a_clear_error(old_journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     register_tab_closed_v3(monkeypatch)
-    monkeypatch.setattr(bus.events, "UPCASTERS", {})
+    monkeypatch.setattr(bus_events, "UPCASTERS", {})
     [row] = [row for row in stored_events(old_journal) if row[2] == "TabClosed"]
     with pytest.raises(ValueError, match="no upcaster for TabClosed from version 1 to 2"):
         decode_event("TabClosed", 1, row[5])
@@ -224,6 +224,6 @@ def test_a_migrated_journal_has_the_tables_views_and_indexes_of_a_new_one(old_jo
 def test_stored_data_is_compact_json_tagged_with_its_type() -> None:
     """What `encode_event_data` writes is what `decode_event` reads back."""
     event = TabClosed(path="/a", tab_name="a", was_modified=False, discarded_blob=None)
-    data = bus.events.encode_event_data(event)
+    data = bus_events.encode_event_data(event)
     assert msgspec.json.decode(data)["event"] == "TabClosed"
     assert decode_event("TabClosed", TabClosed.version, data) == event

@@ -20,8 +20,8 @@ from typing import IO, Any, cast
 
 import pytest
 
-from adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter
 from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
+from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio
@@ -138,7 +138,7 @@ async def test_a_cancelled_flush_leaves_the_next_one_working() -> None:
 ECHO = textwrap.dedent(
     """
     import asyncio, os, sys
-    from adapters.stdio import event_loop_stdio
+    from toolbus.adapters.stdio import event_loop_stdio
 
     async def main():
         async with event_loop_stdio() as streams:
@@ -166,7 +166,7 @@ def test_stray_output_goes_to_stderr_while_serving_and_stdout_comes_back() -> No
 CUT_SHORT = textwrap.dedent(
     """
     import asyncio
-    from adapters.stdio import event_loop_stdio
+    from toolbus.adapters.stdio import event_loop_stdio
 
     async def main():
         async with event_loop_stdio() as (reader, writer):

@@ -72,4 +72,4 @@ def toolbus_script() -> list[str]:
     script = Path(sys.executable).with_name("toolbus")
     if script.exists() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-m", "adapters.cli"]
+    return [sys.executable, "-m", "toolbus.adapters.cli"]

@@ -154,7 +154,7 @@ class RawNvim:
         threading.Thread(target=self._serve, name="bench-raw-pynvim", daemon=True).start()
 
     def _serve(self) -> None:
-        from adapters.nvim import attach
+        from toolbus.adapters.nvim import attach
 
         nvim = attach(self._address)
         while (job := self._jobs.get()) is not None:
@@ -193,7 +193,7 @@ def nvim_part(ctx: Context) -> None:
 
 
 async def _nvim_part_samples(ctx: Context, path: Path) -> dict[str, Samples]:
-    from adapters.nvim import LUA_MODULE, NvimAddress, NvimEditor
+    from toolbus.adapters.nvim import LUA_MODULE, NvimAddress, NvimEditor
 
     address = ctx.nvim.address
     editor = NvimEditor(lambda: NvimAddress(address, "bench"), timeout=10)

@@ -238,8 +238,8 @@ def _audit_queries_in_process(journal: Path, filters: dict[str, list[str]]) -> d
     """The queries `toolbus audit` runs, through the journal package's public functions."""
     import msgspec
 
-    from journal.audit import AuditQuery, audit, file_streams, parse_time
-    from journal.readonly import open_readonly
+    from toolbus.journal.sqlite.audit import AuditQuery, audit, file_streams, parse_time
+    from toolbus.journal.sqlite.readonly import open_readonly
 
     encoder = msgspec.json.Encoder()
     conn = open_readonly(journal)

@@ -24,13 +24,13 @@ from typing import Any
 
 import msgspec
 
-from bus import Caller, CommandRecord, DocumentSaved
-from bus.events import encode_event_data
-from journal import SqliteJournal
-from journal.store import Outcome
 from tests.bench.context import Context
 from tests.bench.report import Figure
 from tests.bench.stats import median
+from toolbus.bus import Caller, CommandRecord, DocumentSaved
+from toolbus.bus.events import encode_event_data
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.store import Outcome
 
 BATCH_SIZE = 100
 

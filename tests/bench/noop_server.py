@@ -49,7 +49,7 @@ def _streams() -> AbstractAsyncContextManager[Any]:
     if "--event-loop-stdio" not in sys.argv:
         return nullcontext()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from adapters.stdio import event_loop_stdio
+    from toolbus.adapters.stdio import event_loop_stdio
 
     return event_loop_stdio()
 

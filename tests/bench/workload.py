@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus import Caller, CommandRecord, DocumentSaved, Event, ObservationSaved, TabClosed
-from journal import SqliteJournal
-from journal.store import Outcome
+from toolbus.bus import Caller, CommandRecord, DocumentSaved, Event, ObservationSaved, TabClosed
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.store import Outcome
 
 GENERATOR_VERSION = 2
 SEED = 20260728

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-from bus.errors import JournalUnavailable
+from toolbus.bus.errors import JournalUnavailable
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -71,7 +71,7 @@ def _v1_core(db: sqlite_utils.Database) -> None:
 
 
 def _memory_tables(db: sqlite_utils.Database) -> None:
-    from journal.memory import create_memory_tables
+    from toolbus.journal.sqlite.memory import create_memory_tables
 
     create_memory_tables(db)
 

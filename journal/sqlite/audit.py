@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus import decode_event
-from journal.schema import NOT_OK
+from toolbus.bus import decode_event
+from toolbus.journal.sqlite.schema import NOT_OK
 
 if TYPE_CHECKING:
-    from journal.store import SqliteJournal
+    from toolbus.journal.sqlite.store import SqliteJournal
 
 STATUSES = ("ok", "rejected", "failed", "in_doubt")
 # Event data fields that name a blob, and what the blob's text is to a person.

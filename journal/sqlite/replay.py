@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from bus import DocumentSaved, FileRestored, ObservationSaved, decode_event
-from journal.audit import blob, blob_if_any
+from toolbus.bus import DocumentSaved, FileRestored, ObservationSaved, decode_event
+from toolbus.journal.sqlite.audit import blob, blob_if_any
 
 _OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved' ORDER BY position"
 _WRITE_TYPES = ("DocumentSaved", "FileRestored")
@@ -38,7 +38,7 @@ _MAX_REPORTED = 20  # differences listed per table; the count covers all
 def rebuild_memory(conn: sqlite3.Connection) -> int:
     """Empty the memory store and re-project every saved observation, in one transaction.
     Returns the number of observations."""
-    from journal.store import SqliteJournal
+    from toolbus.journal.sqlite.store import SqliteJournal
 
     # Every observation's id is the position of the event it is read from, in this very
     # transaction: checking each against `events` (the foreign key) would only cost time.
@@ -50,7 +50,7 @@ def rebuild_memory(conn: sqlite3.Connection) -> int:
 def project_observations(source: sqlite3.Connection, target: sqlite3.Connection) -> int:
     """Reset `target`'s memory tables and apply `source`'s ObservationSaved events to them.
     Runs in the caller's transaction on `target`."""
-    from journal.memory import load_observations, reset_memory_tables
+    from toolbus.journal.sqlite.memory import load_observations, reset_memory_tables
 
     with _settings(target, _REBUILD_PRAGMAS), _without_gc():
         reset_memory_tables(target)

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
-from bus.events import encode_event_data
-from journal.memory import apply_observation
-from journal.schema import check_identity, migrate
+from toolbus.bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
+from toolbus.bus.events import encode_event_data
+from toolbus.journal.sqlite.memory import apply_observation
+from toolbus.journal.sqlite.schema import check_identity, migrate
 
 if TYPE_CHECKING:  # asyncio and anyio load lazily: commands that only read never pay for them
     import asyncio

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 import sqlite_utils
 
-from bus import Caller, ObservationSaved
-from bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.bus import Caller, ObservationSaved
+from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 
 if TYPE_CHECKING:
-    from journal.store import SqliteJournal
+    from toolbus.journal.sqlite.store import SqliteJournal
 
 T = TypeVar("T")
 

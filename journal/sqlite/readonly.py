@@ -11,8 +11,8 @@ import os
 import sqlite3
 from pathlib import Path
 
-from bus import JournalNotFound, JournalUnavailable
-from journal.schema import APPLICATION_ID, check_identity
+from toolbus.bus import JournalNotFound, JournalUnavailable
+from toolbus.journal.sqlite.schema import APPLICATION_ID, check_identity
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
