@@ -31,6 +31,7 @@ from toolbus.bus.events import (
     DocumentSaved,
     DocumentSaveRefused,
     Event,
+    FileEvent,
     FileRestored,
     ObservationSaved,
     TabClosed,
@@ -38,6 +39,7 @@ from toolbus.bus.events import (
     blob_hash,
     decode_event,
     encode_event_data,
+    file_stream,
     upcaster,
 )
 from toolbus.bus.messagebus import (
@@ -70,6 +72,7 @@ __all__ = [
     "EditorUnavailable",
     "Event",
     "Fault",
+    "FileEvent",
     "FileRestored",
     "GetObservations",
     "GetOpenEditors",
@@ -95,5 +98,6 @@ __all__ = [
     "decode_command",
     "decode_event",
     "encode_event_data",
+    "file_stream",
     "upcaster",
 ]

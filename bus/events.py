@@ -25,6 +25,21 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
         raise NotImplementedError
 
 
+def file_stream(path: str) -> str:
+    """The stream of a file's events: `file:` and its absolute path as Neovim resolves it."""
+    return f"file:{path}"
+
+
+class FileEvent(Event, frozen=True, kw_only=True):
+    """An event about one file, filed under that file's stream."""
+
+    path: str
+
+    @property
+    def stream(self) -> str:
+        return file_stream(self.path)
+
+
 def blob_hash(content: bytes) -> str:
     """Content address of a blob: its SHA-256, hex."""
     return hashlib.sha256(content).hexdigest()
@@ -33,44 +48,29 @@ def blob_hash(content: bytes) -> str:
 # --- editor ----------------------------------------------------------------------------
 
 
-class DocumentSaved(Event, frozen=True, kw_only=True, tag="DocumentSaved"):
+class DocumentSaved(FileEvent, frozen=True, kw_only=True, tag="DocumentSaved"):
     """A buffer was written to its file."""
 
-    path: str
     written_blob: str
     bytes_written: int
     replaced_blob: str | None  # the text on disk before the write; None when there was no file
     disk_changed: bool  # the file had changed on disk since Neovim read it
     reloaded: bool  # ...and the unmodified buffer was reloaded from disk first
 
-    @property
-    def stream(self) -> str:
-        return f"file:{self.path}"
 
-
-class DocumentSaveRefused(Event, frozen=True, kw_only=True, tag="DocumentSaveRefused"):
+class DocumentSaveRefused(FileEvent, frozen=True, kw_only=True, tag="DocumentSaveRefused"):
     """A save that wrote nothing: the document was not open, a conflict, or a Vim error."""
 
-    path: str
     reason: Literal["not_open", "conflict", "vim_error"]
     message: str
 
-    @property
-    def stream(self) -> str:
-        return f"file:{self.path}"
 
-
-class TabClosed(Event, frozen=True, kw_only=True, tag="TabClosed"):
+class TabClosed(FileEvent, frozen=True, kw_only=True, tag="TabClosed"):
     """A buffer was wiped. `discarded_blob` holds unsaved text it had, if any."""
 
-    path: str
     tab_name: str
     was_modified: bool
     discarded_blob: str | None
-
-    @property
-    def stream(self) -> str:
-        return f"file:{self.path}"
 
 
 class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
@@ -85,17 +85,12 @@ class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
         return f"tab:{self.tab_name}"
 
 
-class FileRestored(Event, frozen=True, kw_only=True, tag="FileRestored"):
+class FileRestored(FileEvent, frozen=True, kw_only=True, tag="FileRestored"):
     """`toolbus recover --apply` wrote a recorded text back to a file."""
 
-    path: str
     from_position: int
     written_blob: str
     replaced_blob: str | None
-
-    @property
-    def stream(self) -> str:
-        return f"file:{self.path}"
 
 
 # --- memory ----------------------------------------------------------------------------

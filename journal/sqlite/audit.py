@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from toolbus.bus import decode_event
+from toolbus.bus import decode_event, file_stream
 from toolbus.journal.sqlite.schema import NOT_OK
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def file_streams(path: str) -> tuple[str, ...]:
     file since deleted or moved may only be findable by the path as typed."""
     typed = os.path.abspath(os.path.expanduser(path))
     resolved = os.path.realpath(typed)
-    return tuple(dict.fromkeys((f"file:{resolved}", f"file:{typed}")))
+    return tuple(dict.fromkeys((file_stream(resolved), file_stream(typed))))
 
 
 # --- audit -----------------------------------------------------------------------------

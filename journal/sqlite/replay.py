@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from toolbus.bus import DocumentSaved, FileRestored, ObservationSaved, decode_event
+from toolbus.bus import DocumentSaved, FileRestored, ObservationSaved, decode_event, file_stream
 from toolbus.journal.sqlite.audit import blob, blob_if_any
 
 _OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved' ORDER BY position"
@@ -289,7 +289,7 @@ def _written(conn: sqlite3.Connection, path: str, before: int) -> str | None:
     row = conn.execute(
         "SELECT type, version, data FROM events WHERE stream = ? AND type IN (?, ?) AND position < ?"
         " ORDER BY position DESC LIMIT 1",
-        (f"file:{path}", *_WRITE_TYPES, before),
+        (file_stream(path), *_WRITE_TYPES, before),
     ).fetchone()
     if row is None:
         return None
