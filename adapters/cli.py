@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
-from toolbus.adapters.config import Settings, add_settings_arguments, settings_from
+from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, version
 from toolbus.bus import ToolbusError
 
 USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
@@ -18,13 +18,6 @@ Runner = Callable[[argparse.Namespace, Settings], int]
 
 class UsageError(Exception):
     """Bad command-line input; reported in one line with exit code 2."""
-
-
-def version() -> str:
-    try:
-        return metadata.version("toolbus")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ToolbusError, ValueError) as error:
         print(f"toolbus {args.command}: {error}", file=sys.stderr)
         return USAGE_ERROR
+    except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+        return 0
     except KeyboardInterrupt:
         return 130
 
@@ -72,10 +68,10 @@ def _parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
-    from toolbus.adapters.bootstrap import build_bus, open_journal
+    from toolbus.adapters.bootstrap import build_bus, open_writer
     from toolbus.adapters.mcp_server import build_server, serve_stdio
 
-    journal = open_journal(settings)
+    journal = open_writer(settings)
     bus = build_bus(settings, journal)
     server = build_server(bus, settings.agent, settings.department, version())
     logging.getLogger("toolbus").info("serving; journal %s", settings.journal)

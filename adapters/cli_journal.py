@@ -8,21 +8,21 @@ the journal is opened, so bad input changes nothing.
 from __future__ import annotations
 
 import argparse
-import functools
-import os
-import sqlite3
+import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from toolbus.adapters.config import Settings, add_settings_arguments
-
-if TYPE_CHECKING:
-    from toolbus.journal.sqlite.audit import AuditEntry, HistoryEntry, StoredEvent
+from toolbus.adapters.demo import add_demo
+from toolbus.adapters.report import print_audit_table, print_history, size
+from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
+from toolbus.journal import editor_steps, parse_path_map, recoverable
 
 Runner = Callable[[argparse.Namespace, Settings], int]
 _json = msgspec.json.Encoder()
@@ -34,8 +34,6 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     _add_history(commands)
     _add_recover(commands)
     _add_replay(commands)
-    from toolbus.adapters.demo import add_demo
-
     add_demo(commands)
 
 
@@ -51,28 +49,14 @@ def _journal_argument(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def _reading(settings: Settings) -> Iterator[sqlite3.Connection]:
-    from toolbus.journal.sqlite.readonly import open_readonly
+def _reading(settings: Settings) -> Iterator[JournalReader]:
+    from toolbus.adapters.bootstrap import open_reader  # Neovim's and the backend's imports: only when used
 
-    conn = open_readonly(settings.journal, settings.journal_busy_timeout)
+    reader = open_reader(settings)
     try:
-        yield conn
+        yield reader
     finally:
-        conn.close()
-
-
-def _quiet_broken_pipe(run: Runner) -> Runner:
-    """`toolbus audit | head` ends quietly when `head` stops reading."""
-
-    @functools.wraps(run)
-    def wrapper(args: argparse.Namespace, settings: Settings) -> int:
-        try:
-            return run(args, settings)
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-
-    return wrapper
+        reader.close()
 
 
 def _json_lines(items: Iterable[msgspec.Struct]) -> int:
@@ -83,50 +67,75 @@ def _json_lines(items: Iterable[msgspec.Struct]) -> int:
     return count
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
-    """Columns padded to their widest cell. On a terminal the last column is cut to fit."""
-    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
-    room = _terminal_columns() - sum(widths[:-1]) - 2 * (len(widths) - 1)
-    lines = []
-    for row in [headers, *rows]:
-        cells = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        cells[-1] = shorten(row[-1], max(room, 24))
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+# --- parsing what people type ----------------------------------------------------------------
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+_POSITION = re.compile(r"^@?(\d+)$")
+_EVENT_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+_LARGEST = 2**63 - 1  # positions and limits are 64-bit integers in every backend
 
 
-def _terminal_columns() -> int:
-    return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 1_000_000
+def parse_time(option: str, text: str, now: datetime | None = None) -> str:
+    """An ISO time (UTC unless it says otherwise) or a relative one (`30m`, `2h`, `7d`) ago,
+    as a journal timestamp."""
+    now = now or datetime.now(UTC)
+    try:
+        if match := _RELATIVE.match(text.strip()):
+            moment = now - timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+        else:
+            moment = datetime.fromisoformat(text.strip())
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        raise ValueError(
+            f"{option}: expected an ISO time (2026-05-01, 2026-05-01T12:00:00Z) "
+            f"or a time ago (30m, 2h, 7d), got {text!r}"
+        ) from None
+    except OverflowError:  # before year 1 or after 9999, in UTC
+        raise ValueError(f"{option}: {text!r} is out of range (years 1 to 9999, UTC)") from None
 
 
-def clock(timestamp: str | None) -> str:
-    """`2026-05-01T12:00:00.123456Z` as `2026-05-01 12:00:00`."""
-    return timestamp[:19].replace("T", " ") if timestamp else "-"
+def parse_limit(text: str) -> int | None:
+    """`--limit N`: at most N rows; 0 means all."""
+    if not text.isdigit():
+        raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
+    if int(text) > _LARGEST:
+        raise ValueError(f"--limit: expected at most {_LARGEST} (0 for all), got {text!r}")
+    return int(text) or None
 
 
-def size(count: int | None) -> str:
-    if count is None:
-        return "?"
-    if count < 1024:
-        return f"{count} B"
-    if count < 1024 * 1024:
-        return f"{count / 1024:.1f} KiB"
-    return f"{count / 1024 / 1024:.1f} MiB"
+def parse_position(option: str, text: str) -> int:
+    """An event position as typed: `12` or `@12`."""
+    if not (match := _POSITION.match(text.strip())) or int(match[1]) > _LARGEST:
+        raise ValueError(f"{option}: expected an event position (e.g. 12, at most {_LARGEST}), got {text!r}")
+    return int(match[1])
 
 
-def duration(ms: float | None) -> str:
-    if ms is None:
-        return "-"
-    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+def parse_status(text: str) -> Status:
+    for status in STATUSES:
+        if text == status:
+            return status
+    raise ValueError(f"--status: expected one of {', '.join(STATUSES)}, got {text!r}")
 
 
-def shorten(text: str, limit: int, keep_end: bool = False) -> str:
-    if len(text) <= limit:
-        return text
-    return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
+def parse_event_reference(text: str) -> int | str:
+    """`EVENT` as typed: a position (`12`, `@12`) or an event id (32 hex digits)."""
+    if _EVENT_ID.match(text.strip()):
+        return text.strip().lower()
+    try:
+        return parse_position("EVENT", text)
+    except ValueError:
+        raise ValueError(
+            f"EVENT: expected an event position (e.g. 12) or an event id (32 hex digits), got {text!r}"
+        ) from None
+
+
+def find_event(reader: JournalReader, reference: int | str, typed: str) -> StoredEvent:
+    try:
+        return reader.event_at(reference) if isinstance(reference, int) else reader.event_by_id(reference)
+    except NoSuchEvent:
+        raise NoSuchEvent(f"no event {typed.strip()} in the journal") from None
 
 
 # --- audit -------------------------------------------------------------------------------
@@ -157,8 +166,6 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
 
 def audit_query(args: argparse.Namespace) -> Any:
     """The filters as typed, checked: raises ValueError naming the option."""
-    from toolbus.journal.sqlite.audit import AuditQuery, file_streams, parse_limit, parse_status, parse_time
-
     return AuditQuery(
         tool=args.tool,
         paths=file_streams(args.path) if args.path else (),
@@ -171,13 +178,10 @@ def audit_query(args: argparse.Namespace) -> Any:
     )
 
 
-@_quiet_broken_pipe
 def run_audit(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.sqlite.audit import audit
-
     query = audit_query(args)
-    with _reading(settings) as conn:
-        entries = audit(conn, query)
+    with _reading(settings) as reader:
+        entries = reader.audit(query)
         shown = _json_lines(entries) if args.json else print_audit_table(entries)
     if not args.json:
         if shown == 0:
@@ -185,92 +189,6 @@ def run_audit(args: argparse.Namespace, settings: Settings) -> int:
         elif query.limit is not None and shown == query.limit:
             print(f"(the newest {shown} shown; --limit 0 for all)", file=sys.stderr)
     return 0
-
-
-def print_audit_table(entries: Iterable[AuditEntry]) -> int:
-    rows = [
-        [
-            clock(entry.received_at),
-            entry.tool,
-            shorten(entry.target or "", 60, keep_end=True),
-            entry.status,
-            duration(entry.duration_ms),
-            describe_outcome(entry),
-        ]
-        for entry in entries
-    ]
-    if rows:
-        print(
-            table(
-                ["TIME (UTC)", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"], rows, frozenset({4})
-            )
-        )
-    return len(rows)
-
-
-def describe_outcome(entry: AuditEntry) -> str:
-    """What a command did, in a few words; events are named `@position` for `toolbus recover`."""
-    if entry.events:
-        return "; ".join(describe_event(event) for event in entry.events)
-    if entry.error:
-        return entry.error.removeprefix(f"Invalid arguments for {entry.tool}: ")
-    if entry.status == "in_doubt":
-        return "no outcome recorded: still running, or toolbus stopped before it finished"
-    return ""
-
-
-def describe_event(event: StoredEvent) -> str:
-    data = event.data
-    describe = _EVENT_WORDS.get(event.type)
-    return f"@{event.position} " + (describe(data, event.blobs) if describe else event.type)
-
-
-def _saved(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    text = f"saved {size(data.get('bytes_written'))}"
-    replaced = data.get("replaced_blob")
-    text += f", replaced {size(blobs.get(replaced))}" if replaced else ", new file"
-    if data.get("disk_changed"):
-        text += ", file had changed on disk" + (" (reloaded first)" if data.get("reloaded") else "")
-    return text
-
-
-def _refused(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    reason = data.get("reason")
-    if reason == "conflict":
-        return "not saved: changed on disk and in the buffer (both kept)"
-    if reason == "not_open":
-        return "not saved: not open"
-    return f"not saved: {data.get('message', reason)}"
-
-
-def _closed(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    discarded = data.get("discarded_blob")
-    return f"closed, discarded {size(blobs.get(discarded))} unsaved" if discarded else "closed"
-
-
-def _close_skipped(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    if data.get("reason") == "ambiguous":
-        return f"closed nothing: {len(data.get('candidates', []))} buffers match"
-    return "closed nothing: no buffer matches"
-
-
-def _restored(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    return f"restored {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}"
-
-
-def _observation(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    kind, project, visibility = data.get("type"), data.get("project"), data.get("visibility")
-    return f"observation saved: {kind} in project {project}, visible to {visibility}"
-
-
-_EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
-    "DocumentSaved": _saved,
-    "DocumentSaveRefused": _refused,
-    "TabClosed": _closed,
-    "TabCloseSkipped": _close_skipped,
-    "FileRestored": _restored,
-    "ObservationSaved": _observation,
-}
 
 
 # --- history -----------------------------------------------------------------------------
@@ -290,59 +208,14 @@ def _add_history(commands: argparse._SubParsersAction[Any]) -> None:
     sub.set_defaults(run=run_history)
 
 
-@_quiet_broken_pipe
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.sqlite.audit import history, parse_limit
-
     limit = parse_limit(args.limit)
-    with _reading(settings) as conn:
+    with _reading(settings) as reader:
         if args.json:
-            _json_lines(history(conn, args.path, limit))
+            _json_lines(reader.history(args.path, limit))
         else:
-            print_history(conn, args.path, limit)
+            print_history(reader, args.path, limit)
     return 0
-
-
-def print_history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> None:
-    from toolbus.journal.sqlite.audit import history
-
-    entries = history(conn, path, limit)
-    shown = os.path.abspath(os.path.expanduser(path))
-    if not entries:
-        print(f"{shown}: no saves or closes in the journal", file=sys.stderr)
-        return
-    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}, newest first")
-    rows = [_history_row(entry) for entry in entries]
-    print(table(["EVENT", "TIME (UTC)", "BY", "WHAT HAPPENED", "RECOVERABLE"], rows))
-    if any(_recoverable_words(entry.event) != "-" for entry in entries):
-        print(
-            "\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file."
-        )
-
-
-def _history_row(entry: HistoryEntry) -> list[str]:
-    event = entry.event
-    who = entry.agent or "-"
-    if entry.tool and entry.tool not in ("saveDocument", "close_tab"):
-        who += f" ({entry.tool})"
-    return [
-        f"@{event.position}",
-        clock(event.recorded_at),
-        who,
-        describe_event(event).split(" ", 1)[1],
-        _recoverable_words(event),
-    ]
-
-
-def _recoverable_words(event: StoredEvent) -> str:
-    from toolbus.journal.sqlite.audit import RECOVERABLE_FIELDS
-
-    field = RECOVERABLE_FIELDS.get(event.type)
-    digest = event.data.get(field[0]) if field else None
-    if digest is None:
-        return "-"
-    kind = "unsaved, discarded" if event.type == "TabClosed" else "replaced"
-    return f"{size(event.blobs.get(digest))} {kind}"
 
 
 # --- recover -----------------------------------------------------------------------------
@@ -360,14 +233,15 @@ def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
     target = sub.add_mutually_exclusive_group()
     target.add_argument("-o", "--output", metavar="FILE", help="write the text to FILE instead of stdout")
     target.add_argument("--apply", action="store_true", help="write the text back to the file it came from")
+    sub.add_argument("--force", action="store_true", help="with -o: overwrite FILE if it exists")
     sub.set_defaults(run=run_recover)
 
 
 def run_recover(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.sqlite.audit import find_event, recoverable
-
-    with _reading(settings) as conn:
-        found = recoverable(conn, find_event(conn, args.event))
+    reference = parse_event_reference(args.event)
+    output = _output_file(args.output, args.force) if args.output else None
+    with _reading(settings) as reader:
+        found = recoverable(reader, find_event(reader, reference, args.event))
     where = f"event @{found.event.position}, {found.path}"
     if args.apply:
         from toolbus.adapters.recover import apply_recovery
@@ -377,8 +251,8 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
             f"restored {found.path} ({size(len(found.content))}): {found.description} ({where}); "
             f"journaled as event @{position}"
         )
-    elif args.output:
-        Path(args.output).write_bytes(found.content)
+    elif output is not None:
+        _write_output(output, found.content, args.force)
         print(
             f"wrote {size(len(found.content))} to {args.output}: {found.description} ({where})",
             file=sys.stderr,
@@ -388,6 +262,29 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.flush()
         print(f"toolbus recover: {found.description} ({where})", file=sys.stderr)
     return 0
+
+
+def _output_file(name: str, force: bool) -> Path:
+    """`-o FILE`, checked before the journal is read: its directory exists, and it is not a
+    directory, nor (without --force) a file that exists."""
+    path = Path(name)
+    if path.is_dir():
+        raise ValueError(f"-o: {name} is a directory: name a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"-o: {path.parent} does not exist: create it first, or name a file elsewhere")
+    if path.exists() and not force:
+        raise ValueError(f"-o: {name} exists: add --force to overwrite it")
+    return path
+
+
+def _write_output(path: Path, content: bytes, force: bool) -> None:
+    try:
+        with open(path, "wb" if force else "xb") as file:
+            file.write(content)
+    except FileExistsError:
+        raise ValueError(f"-o: {path} exists: add --force to overwrite it") from None
+    except OSError as error:
+        raise ValueError(f"-o: cannot write {path}: {error.strerror}") from None
 
 
 # --- replay ------------------------------------------------------------------------------
@@ -439,12 +336,9 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.sqlite.readonly import require_journal
-    from toolbus.journal.sqlite.replay import check_memory, rebuild_memory
-
     if args.check:
-        with _reading(settings) as conn:
-            report = check_memory(conn)
+        with _reading(settings) as reader:
+            report = reader.check_memory()
         for line in report.differences:
             print(line)
         print(
@@ -452,12 +346,11 @@ def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
             + (f"{len(report.differences)} difference(s)" if report.differences else "no differences")
         )
         return 1 if report.differences else 0
-    require_journal(settings.journal)
-    from toolbus.adapters.bootstrap import open_journal
+    from toolbus.adapters.bootstrap import open_writer
 
-    journal = open_journal(settings, create=False)
+    journal = open_writer(settings, create=False)
     try:
-        count = journal.run_sync(rebuild_memory)
+        count = journal.rebuild_memory()
     finally:
         journal.close()
     print(f"rebuilt the memory store from {count} saved observation{'s' if count != 1 else ''}")
@@ -465,16 +358,13 @@ def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.sqlite.audit import parse_position
-    from toolbus.journal.sqlite.replay import editor_steps, parse_path_map
-
     start = parse_position("--from", args.start) if args.start is not None else None
     end = parse_position("--to", args.end) if args.end is not None else None
     path_map = parse_path_map(args.map)
     if not args.dry_run and not settings.nvim:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
-    with _reading(settings) as conn:
-        steps = list(editor_steps(conn, start, end, path_map))
+    with _reading(settings) as reader:
+        steps = list(editor_steps(reader, start, end, path_map))
     if args.dry_run:
         for step in steps:
             print(f"would {step.describe()}")
@@ -483,6 +373,6 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     from toolbus.adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
-    replay_to_neovim(settings.nvim, settings.nvim_timeout, steps, lambda done: print(done, flush=True))
+    replay_to_neovim(settings, settings.nvim, steps, lambda done: print(done, flush=True))
     print(f"replayed {len(steps)} step{'s' if len(steps) != 1 else ''} to Neovim at {settings.nvim}")
     return 0

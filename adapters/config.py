@@ -6,12 +6,13 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Literal, cast, get_args
+from typing import cast, get_args
 
-from toolbus.journal import default_journal_path
-
-SyncMode = Literal["FULL", "NORMAL"]  # FULL: durable across power loss
+from toolbus.bus import Caller
+from toolbus.journal.sqlite import Synchronous as SyncMode
+from toolbus.journal.sqlite import default_journal_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--journal-sync",
-        choices=["FULL", "NORMAL"],
+        choices=get_args(SyncMode),
         type=str.upper,
         help="SQLite synchronous mode ($TOOLBUS_JOURNAL_SYNC; default FULL: durable)",
     )
@@ -91,5 +92,17 @@ def _positive(value: float | str) -> float:
 def _sync_mode(value: str) -> SyncMode:
     mode = value.upper()
     if mode not in get_args(SyncMode):
-        raise ValueError(f"--journal-sync: expected FULL or NORMAL, got {value}")
+        raise ValueError(f"--journal-sync: expected {' or '.join(get_args(SyncMode))}, got {value}")
     return cast(SyncMode, mode)
+
+
+def version() -> str:
+    try:
+        return metadata.version("toolbus")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cli_caller(settings: Settings, client: str) -> Caller:
+    """Who a command-line command acts as, for the journal."""
+    return Caller(agent=settings.agent, department=settings.department, client_name=client, client_version=version())

@@ -18,12 +18,16 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from toolbus.adapters.config import Settings
+from toolbus.adapters.config import Settings, settings_from
+from toolbus.adapters.report import print_audit_table, print_history
+from toolbus.bus import AuditQuery, JournalReader
+from toolbus.journal import Recoverable
 
 T = TypeVar("T")
 STEP_TIMEOUT = 30.0
@@ -207,42 +211,44 @@ def _pretty(text: str) -> str:
 
 
 def _show_journal(stage: Stage) -> None:
-    from toolbus.adapters.cli_journal import print_audit_table, print_history
-    from toolbus.journal.sqlite.audit import AuditQuery, audit, find_event, recoverable
-    from toolbus.journal.sqlite.readonly import open_readonly
+    from toolbus.journal import recoverable
 
-    conn = open_readonly(stage.journal)
-    try:
+    with _reading(stage) as reader:
         say(f"\nThe journal ({stage.journal}) — `toolbus audit`, newest first:\n")
-        print_audit_table(audit(conn, AuditQuery(limit=None)))
+        print_audit_table(reader.audit(AuditQuery(limit=None)))
         notes = stage.project / "notes.md"
         say(f"\nThe story of {notes.name} — `toolbus history {notes}`:\n")
-        print_history(conn, str(notes))
-        [closed] = conn.execute("SELECT position FROM events WHERE type = 'TabClosed'").fetchone()
-        found = recoverable(conn, find_event(conn, str(closed)))
-    finally:
-        conn.close()
-    say(f"\nThe text that close discarded — `toolbus recover {closed}`:\n")
+        print_history(reader, str(notes))
+        [closed] = reader.events(["TabClosed"])
+        found = recoverable(reader, closed)
+    say(f"\nThe text that close discarded — `toolbus recover {closed.position}`:\n")
     say(textwrap.indent(found.content.decode(errors="replace"), "    "))
-    _recover(stage, found, closed)
+    _recover(stage, found, closed.position)
 
 
-def _recover(stage: Stage, found: Any, closed: int) -> None:
-    from toolbus.adapters.cli_journal import print_audit_table
-    from toolbus.adapters.config import settings_from
+def _recover(stage: Stage, found: Recoverable, closed: int) -> None:
     from toolbus.adapters.recover import apply_recovery
-    from toolbus.journal.sqlite.audit import AuditQuery, audit
-    from toolbus.journal.sqlite.readonly import open_readonly
 
-    settings = settings_from(argparse.Namespace(journal=str(stage.journal), agent="demo-user"), env={})
-    apply_recovery(settings, found)
+    apply_recovery(_settings(stage), found)
     notes = Path(found.path)
     if notes.read_bytes() != found.content:
         raise RuntimeError(f"the restore of {notes} did not write the recovered text")
     say(f"`toolbus recover {closed} --apply` wrote it back: {notes.name} on disk holds that text again.")
     say("The restore is in the journal like any tool call — `toolbus audit --tool recover`:\n")
-    conn = open_readonly(stage.journal)
+    with _reading(stage) as reader:
+        print_audit_table(reader.audit(AuditQuery(tool="recover")))
+
+
+def _settings(stage: Stage) -> Settings:
+    return settings_from(argparse.Namespace(journal=str(stage.journal), agent="demo-user"), env={})
+
+
+@contextmanager
+def _reading(stage: Stage) -> Iterator[JournalReader]:
+    from toolbus.adapters.bootstrap import open_reader
+
+    reader = open_reader(_settings(stage))
     try:
-        print_audit_table(audit(conn, AuditQuery(tool="recover")))
+        yield reader
     finally:
-        conn.close()
+        reader.close()

@@ -7,10 +7,10 @@ import platform
 import sqlite3
 from importlib import metadata
 
+from toolbus.adapters.bootstrap import open_reader
 from toolbus.adapters.config import Settings
 from toolbus.adapters.nvim import blocking_request, find_nvim
 from toolbus.bus import JournalUnavailable
-from toolbus.journal import open_readonly
 
 
 def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
@@ -66,16 +66,14 @@ def _check_journal(settings: Settings, lines: list[str]) -> bool:
         )
         return False
     try:
-        conn = open_readonly(path)  # looking must not create, migrate or change anything
+        reader = open_reader(settings)  # looking must not create, migrate or change anything
     except JournalUnavailable as error:
         lines.append(f"✗ journal: {error}")
         return False
     try:
-        commands, events = conn.execute(
-            "SELECT (SELECT count(*) FROM commands), (SELECT count(*) FROM events)"
-        ).fetchone()
+        commands, events = reader.counts()
     finally:
-        conn.close()
+        reader.close()
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     mark = "✓" if writable else "✗"
     state = "writable" if writable else "NOT writable: fix its permissions or choose another with --journal"

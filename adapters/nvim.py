@@ -21,7 +21,7 @@ import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import msgpack
@@ -29,7 +29,7 @@ import msgspec
 import pynvim
 
 from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable
-from toolbus.handlers.ports import OpenEditor, SaveOutcome, TabMatch
+from toolbus.handlers.ports import FileClosed, FileReplaced, OpenEditor, SaveOutcome, TabMatch
 
 log = logging.getLogger("toolbus.nvim")
 
@@ -37,7 +37,7 @@ T = TypeVar("T")
 NvimCall = Callable[[pynvim.Nvim], T]
 
 DEFAULT_TIMEOUT = 5.0
-LUA_SOURCE = resources.files("adapters").joinpath("nvim.lua").read_text()
+LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
 # Versioned by content, so toolbus processes of different versions can share one Neovim.
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
 _LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)()"
@@ -264,17 +264,6 @@ def _error_text(error: Any) -> str:
 # --- the Editor adapter ----------------------------------------------------------------
 
 
-FileClosed = Literal["closed", "not_open", "modified"]  # what `NvimEditor.close_file` did
-
-
-class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):
-    """What `NvimEditor.replace_file` did."""
-
-    status: Literal["written", "modified", "error"]  # modified: a buffer has unsaved changes
-    message: str = ""
-    kept: str | None = None  # where what the file held was copied (`path.~N~`), if it was
-
-
 class NvimEditor:
     """`handlers.ports.Editor` on a real Neovim."""
 
@@ -302,7 +291,7 @@ class NvimEditor:
     async def wipe(self, buffer: int, tick: int) -> bool:
         return bool(await self._lua("wipe", buffer, tick))
 
-    # `toolbus replay editor`: not part of the Editor protocol, no MCP tool does this
+    # `toolbus replay editor` (command-line only commands)
 
     async def replace_file(self, path: str, text: bytes, known: Sequence[bytes] = ()) -> FileReplaced:
         """Write `text` to `path` byte for byte and show it in a buffer reloaded from it. A file

@@ -10,27 +10,16 @@ from __future__ import annotations
 
 import anyio
 
-from toolbus.adapters.config import Settings
-from toolbus.bus import Caller
+from toolbus.adapters.bootstrap import build_bus, open_writer
+from toolbus.adapters.config import Settings, cli_caller
 from toolbus.handlers.restore import Restored
-from toolbus.journal.sqlite.audit import Recoverable
-from toolbus.journal.sqlite.readonly import require_journal
+from toolbus.journal import Recoverable
 
 
 def apply_recovery(settings: Settings, found: Recoverable) -> int:
     """Restore `found` to its file; returns the position of the FileRestored event."""
-    from toolbus.adapters.bootstrap import build_bus, open_journal
-    from toolbus.adapters.cli import version
-
-    require_journal(settings.journal)  # never let a writer migrate a stranger's file
-    journal = open_journal(settings, create=False)
+    journal = open_writer(settings, create=False)
     bus = build_bus(settings, journal, cli=True)
-    caller = Caller(
-        agent=settings.agent,
-        department=settings.department,
-        client_name="toolbus recover",
-        client_version=version(),
-    )
     arguments = {
         "event": found.event.position,
         "event_id": found.event.event_id,
@@ -38,7 +27,7 @@ def apply_recovery(settings: Settings, found: Recoverable) -> int:
         "blob": found.blob,
     }
     try:
-        reply = anyio.run(bus.handle, "recover", arguments, caller)
+        reply = anyio.run(bus.handle, "recover", arguments, cli_caller(settings, "toolbus recover"))
     finally:
         journal.close()
     assert isinstance(reply, Restored)

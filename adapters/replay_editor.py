@@ -1,12 +1,12 @@
 """`toolbus replay editor`: re-apply recorded saves, restores and closes to a Neovim.
 
-It goes through `NvimEditor` like every editor tool: one thread per connection, every request
-within `--nvim-timeout`, a Neovim that stops answering interrupted rather than waited for.
-A replayed save writes the exact bytes the journal recorded (through Neovim, so the Neovim
-may be on another machine) and leaves the file open there, loaded from what was written; a
-replayed close wipes the buffer. A buffer with unsaved changes is never overwritten or wiped:
-the replay stops and says so. A file holding a text the journal does not have for it (edited
-since, or another file at the mapped place) is copied to `FILE.~N~` before it is overwritten.
+Each step is a bus command (`replay_write`, `replay_close`), journaled like any change: its
+write-ahead row before Neovim is touched, its event after. A replayed write sends the exact
+bytes the journal recorded (through Neovim, so the Neovim may be on another machine) and
+leaves the file open there, loaded from what was written; a replayed close wipes the buffer.
+A buffer with unsaved changes is never overwritten or wiped: the replay stops and says so. A
+file holding a text the journal does not have for it is copied to `FILE.~N~` first. Every
+Neovim request waits at most `--nvim-timeout`: a blocked Neovim stops the replay, never hangs it.
 """
 
 from __future__ import annotations
@@ -15,46 +15,44 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
-from toolbus.adapters.nvim import NvimAddress, NvimEditor, NvimRequestError
-from toolbus.bus import Fault, ToolbusError
-from toolbus.journal.sqlite.replay import EditorStep
+from toolbus.adapters.bootstrap import build_bus, neovim_at, open_writer
+from toolbus.adapters.config import Settings, cli_caller
+from toolbus.bus import Bus, Caller, Fault, ToolbusError
+from toolbus.handlers.replay import Replayed
+from toolbus.journal import EditorStep
 
 Report = Callable[[str], None]
 
 
-def replay_to_neovim(address: str, timeout: float, steps: Iterable[EditorStep], report: Report) -> None:
+def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorStep], report: Report) -> None:
     """Apply each step in order, reporting each once done; raise a `Fault` at the first that fails."""
-    editor = NvimEditor(lambda: NvimAddress(address, "--nvim"), timeout)
+    editor = neovim_at(address, settings.nvim_timeout)
+    journal = open_writer(settings, create=False)
     try:
-        anyio.run(replay_steps, editor, steps, report)
+        bus = build_bus(settings, journal, editor, cli=True)
+        anyio.run(replay_steps, bus, cli_caller(settings, "toolbus replay"), steps, report)
     finally:
         editor.disconnect()
+        journal.close()
 
 
-async def replay_steps(editor: NvimEditor, steps: Iterable[EditorStep], report: Report) -> None:
+async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], report: Report) -> None:
     for step in steps:
         try:
-            done = await _apply(editor, step)
-        except (ToolbusError, NvimRequestError) as error:
+            done = await _apply(bus, caller, step)
+        except ToolbusError as error:
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             raise Fault(f"replay stopped at @{step.position}: {message}") from None
         report(done)
 
 
-async def _apply(editor: NvimEditor, step: EditorStep) -> str:
-    """What was done, in words; a `Fault` when it could not be."""
+async def _apply(bus: Bus, caller: Caller, step: EditorStep) -> str:
+    """What was done, in words; a `ToolbusError` when it could not be."""
     if step.action == "close":
-        if await editor.close_file(step.path) == "modified":
-            raise Fault(_unsaved(step.path))
+        await bus.handle("replay_close", {"path": step.path, "event": step.position}, caller)
         return step.describe()
-    result = await editor.replace_file(step.path, step.content or b"", step.known)
+    arguments = {"path": step.path, "blob": step.blob, "event": step.position, "known": list(step.known)}
+    result = await bus.handle("replay_write", arguments, caller)
+    assert isinstance(result, Replayed)
     kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
-    if result.status == "modified":
-        raise Fault(_unsaved(step.path))
-    if result.status == "error":
-        raise Fault(result.message + kept)
     return step.describe() + kept
-
-
-def _unsaved(path: str) -> str:
-    return f"{path} has unsaved changes in this Neovim: save or close it, then replay again"

@@ -130,6 +130,56 @@ class RestoreFile(Command, frozen=True, kw_only=True):
         absolute_path("path", self.path)
 
 
+class ReplayWrite(Command, frozen=True, kw_only=True):
+    """`toolbus replay editor`: write a recorded text to a file through Neovim. Command line only."""
+
+    tool = "replay_write"
+    description = "Write a text the journal recorded to a file, through Neovim, and show it there"
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Absolute path of the file to write"},
+            "blob": {"type": "string", "description": "SHA-256 of the journal's text to write"},
+            "event": {"type": "integer", "minimum": 1, "description": "Position of the event it replays"},
+            "known": {"type": "array", "items": {"type": "string"}, "description": "Texts the file may hold"},
+        },
+        "required": ["path", "blob", "event"],
+    }
+    mutates = True
+    acts_outside = True
+
+    path: ShortText
+    blob: BlobHash
+    event: Annotated[int, msgspec.Meta(ge=1)]
+    known: list[BlobHash] = []
+
+    def __post_init__(self) -> None:
+        absolute_path("path", self.path)
+
+
+class ReplayClose(Command, frozen=True, kw_only=True):
+    """`toolbus replay editor`: close a file's buffer in Neovim, as a recorded close did."""
+
+    tool = "replay_close"
+    description = "Close a file's buffer in Neovim unless it has unsaved changes"
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Absolute path of the file to close"},
+            "event": {"type": "integer", "minimum": 1, "description": "Position of the event it replays"},
+        },
+        "required": ["path", "event"],
+    }
+    mutates = True
+    acts_outside = True
+
+    path: ShortText
+    event: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        absolute_path("path", self.path)
+
+
 # --- memory ----------------------------------------------------------------------------
 
 _OBSERVATION_TYPES = list(get_args(ObservationType))

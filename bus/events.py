@@ -93,6 +93,16 @@ class FileRestored(FileEvent, frozen=True, kw_only=True, tag="FileRestored"):
     replaced_blob: str | None
 
 
+class FileReplayed(FileEvent, frozen=True, kw_only=True, tag="FileReplayed"):
+    """`toolbus replay editor` re-applied the recorded write or close at `from_position` to a
+    Neovim. A replay is not replayed again: only what agents and users did is."""
+
+    from_position: int
+    action: Literal["write", "close"]
+    written_blob: str | None = None  # what a write wrote
+    kept_copy: str | None = None  # where the file's earlier text, unknown to the journal, was copied
+
+
 # --- memory ----------------------------------------------------------------------------
 
 
@@ -117,7 +127,9 @@ class ObservationSaved(Event, frozen=True, kw_only=True, tag="ObservationSaved")
         return f"memory:{self.project}"
 
 
-AnyEvent = DocumentSaved | DocumentSaveRefused | TabClosed | TabCloseSkipped | FileRestored | ObservationSaved
+AnyEvent = (
+    DocumentSaved | DocumentSaveRefused | TabClosed | TabCloseSkipped | FileRestored | FileReplayed | ObservationSaved
+)
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
@@ -127,6 +139,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TabClosed,
         TabCloseSkipped,
         FileRestored,
+        FileReplayed,
         ObservationSaved,
     )
 }

@@ -14,64 +14,19 @@ import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from toolbus.bus.commands import Command
 from toolbus.bus.errors import EditorLost, EditorTimeout, Fault, InvalidArguments, ToolbusError
 from toolbus.bus.events import Event
+from toolbus.bus.journal import Caller, CommandRecord, JournalWriter, Status
 
 log = logging.getLogger("toolbus.bus")
 
-Status = Literal["ok", "rejected", "failed", "in_doubt"]
 Reply = str | msgspec.Struct | Mapping[str, Any]
 C = TypeVar("C", bound=Command)
-
-
-class Caller(msgspec.Struct, frozen=True, kw_only=True):
-    """Who is calling: the configured identity and the MCP client behind it."""
-
-    agent: str = "legacy"
-    department: str = "default"
-    client_name: str | None = None
-    client_version: str | None = None
-    session_id: str | None = None
-
-
-class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A call as the journal records it, before anything is known of its outcome."""
-
-    tool: str
-    arguments: Any
-    caller: Caller
-    received_ns: int  # time.time_ns() at arrival
-
-
-class Journal(Protocol):
-    """The write side of the journal, as the bus needs it."""
-
-    async def begin(self, record: CommandRecord) -> int:
-        """Record a command as `in_doubt`; return its id."""
-        ...
-
-    async def finish(
-        self,
-        record: CommandRecord,
-        command_id: int | None,
-        status: Status,
-        *,
-        error: str | None = None,
-        events: Sequence[Event] = (),
-        blobs: Mapping[str, bytes] | None = None,
-    ) -> list[int]:
-        """Commit the outcome (inserting the command first when `command_id` is None);
-        return the positions given to `events`."""
-        ...
-
-    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        """Store texts (content-addressed, so idempotent) in a transaction of their own."""
-        ...
 
 
 @dataclass(slots=True)
@@ -80,7 +35,7 @@ class HandlerContext(Generic[C]):
 
     caller: Caller
     services: Any
-    _journal: Journal
+    _journal: JournalWriter
     _commit: Callable[[Sequence[Event], Mapping[str, bytes]], Awaitable[list[int]]]
     # Set once a commit is under way: from then on its outcome, not the bus, decides the status.
     commit_attempted: bool = field(default=False)
@@ -106,7 +61,7 @@ class Bus:
         self,
         commands: Mapping[str, type[Command]],
         handlers: Mapping[type[Command], Handler],
-        journal: Journal,
+        journal: JournalWriter,
         services: Any,
     ) -> None:
         missing = [cmd.tool for cmd in commands.values() if cmd not in handlers]

@@ -8,13 +8,15 @@ from toolbus.bus import (
     GetObservations,
     GetOpenEditors,
     Handler,
+    ReplayClose,
+    ReplayWrite,
     RestoreFile,
     SaveDocument,
     SaveObservation,
     SearchObservations,
     Timeline,
 )
-from toolbus.handlers import editor, memory, restore
+from toolbus.handlers import editor, memory, replay, restore
 from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
@@ -26,7 +28,10 @@ HANDLERS: dict[type[Command], Handler] = {
     SearchObservations: memory.search,
     Timeline: memory.timeline,
     GetObservations: memory.get_observations,
-    RestoreFile: restore.restore_file,  # not an MCP tool: `toolbus recover --apply`
+    # Not MCP tools: only the command line runs these (`toolbus recover --apply`, `replay editor`).
+    RestoreFile: restore.restore_file,
+    ReplayWrite: replay.replay_write,
+    ReplayClose: replay.replay_close,
 }
 
 __all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch", "Texts"]

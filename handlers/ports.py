@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import msgspec
@@ -43,6 +44,17 @@ class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
     candidates: list[str] = []
 
 
+FileClosed = Literal["closed", "not_open", "modified"]  # what `Editor.close_file` did
+
+
+class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Editor.replace_file` did."""
+
+    status: Literal["written", "modified", "error"]  # modified: a buffer has unsaved changes
+    message: str = ""
+    kept: str | None = None  # where what the file held was copied (`path.~N~`), if it was
+
+
 class Editor(Protocol):
     """The user's Neovim. Paths are absolute with `~` expanded; the editor resolves symlinks.
     Faults raise `bus.Fault`s."""
@@ -61,6 +73,16 @@ class Editor(Protocol):
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         """Wipe a found buffer; False (nothing done) if it changed since it was found."""
+        ...
+
+    async def replace_file(self, path: str, text: bytes, known: Sequence[bytes] = ()) -> FileReplaced:
+        """Write `text` to `path` byte for byte and show it in a buffer reloaded from it. A file
+        holding anything but `text` or one of `known` is copied to `path.~N~` first. Nothing
+        is done when a buffer of `path` has unsaved changes."""
+        ...
+
+    async def close_file(self, path: str) -> FileClosed:
+        """Wipe the buffer of `path`, unless it has unsaved changes."""
         ...
 
     def disconnect(self) -> None:

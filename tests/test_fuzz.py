@@ -351,7 +351,7 @@ async def _answer_in_process(
     import anyio
     from mcp import Client
 
-    from toolbus.adapters.bootstrap import build_bus, open_journal
+    from toolbus.adapters.bootstrap import build_bus, open_writer
     from toolbus.adapters.config import Settings
     from toolbus.adapters.mcp_server import build_server
 
@@ -364,7 +364,7 @@ async def _answer_in_process(
         journal_sync="FULL",
         journal_busy_timeout=5,
     )
-    journal = open_journal(settings)
+    journal = open_writer(settings)
     bus = build_bus(settings, journal)
     try:
         with anyio.fail_after(120):

@@ -18,11 +18,11 @@ from tests.journal_helpers import EditorSession, cli, record_editor_session
 from toolbus.adapters.bootstrap import Services
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimEditor
-from toolbus.bus import Bus, Caller, CommandRecord, Journal, JournalUnavailable, RestoreFile, Status, blob_hash
+from toolbus.bus import Bus, Caller, CommandRecord, JournalUnavailable, JournalWriter, RestoreFile, Status, blob_hash
 from toolbus.handlers import HANDLERS, Files
 from toolbus.handlers.restore import Restored
 from toolbus.journal import SqliteJournal
-from toolbus.journal.sqlite.audit import JournalTexts
+from toolbus.journal.sqlite import JournalTexts
 from toolbus.journal.sqlite.memory import SqliteMemoryStore
 
 
@@ -218,7 +218,7 @@ async def restore_in_process(
     journal_path: Path,
     target: Path,
     files: Files,
-    wrap: Callable[[SqliteJournal], Journal] = lambda journal: journal,
+    wrap: Callable[[SqliteJournal], JournalWriter] = lambda journal: journal,
 ) -> Restored:
     """`recover --apply` of RECORDED to `target`, through a bus wired as the command line's."""
     store = SqliteJournal(journal_path)

@@ -15,7 +15,7 @@ import pytest
 from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
 from toolbus.bus.queries import SearchQuery, TimelineQuery
 from toolbus.handlers.memory import epoch_ms, observation_types
-from toolbus.journal import SqliteJournal, check_memory, rebuild_memory
+from toolbus.journal import SqliteJournal
 from toolbus.journal.sqlite.memory import (
     apply_observation,
     get_observations_sync,
@@ -25,6 +25,7 @@ from toolbus.journal.sqlite.memory import (
     searchable,
     timeline_sync,
 )
+from toolbus.journal.sqlite.replay import check_memory, rebuild_memory
 
 DAY_MS = 86_400_000
 JAN_1 = 1_735_689_600_000  # 2025-01-01T00:00:00Z

@@ -8,160 +8,18 @@ a batch of commands' events by `command_id`.
 
 from __future__ import annotations
 
-import os
-import re
 import sqlite3
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from toolbus.bus import decode_event, file_stream
+from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, decode_event, file_streams
 from toolbus.journal.sqlite.schema import NOT_OK
 
-if TYPE_CHECKING:
-    from toolbus.journal.sqlite.store import SqliteJournal
-
-STATUSES = ("ok", "rejected", "failed", "in_doubt")
-# Event data fields that name a blob, and what the blob's text is to a person.
-RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
-    "DocumentSaved": ("replaced_blob", "the text on disk that the save replaced"),
-    "TabClosed": ("discarded_blob", "the unsaved text that the close discarded"),
-    "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
-}
 _BATCH = 200
 _PROBE_CAP = 5000  # commands counted per filter when choosing which index to walk
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-_POSITION = re.compile(r"^@?(\d+)$")
-_EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class NoSuchEvent(ValueError):
-    """The event asked for is not in the journal."""
-
-
-class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """An event as the journal holds it, its data upcast to the current schema."""
-
-    position: int
-    event_id: str
-    command_id: int | None
-    type: str
-    version: int
-    stream: str
-    recorded_at: str
-    data: dict[str, Any]
-    blobs: dict[str, int]  # size in bytes of each blob the data names
-
-
-class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One command and its events: a line of `toolbus audit --json`."""
-
-    id: int
-    received_at: str
-    finished_at: str | None
-    duration_ms: float | None
-    tool: str
-    target: str | None
-    status: str
-    error: str | None
-    agent: str | None
-    department: str | None
-    client_name: str | None
-    client_version: str | None
-    session_id: str | None
-    pid: int | None
-    arguments: Any
-    events: list[StoredEvent]
-
-
-class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One event in a file's story, with the command that caused it."""
-
-    event: StoredEvent
-    tool: str | None
-    status: str | None
-    agent: str | None
-    session_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AuditQuery:
-    """Filters of `toolbus audit`; None means "any". Times are journal timestamps (UTC ISO)."""
-
-    tool: str | None = None
-    paths: tuple[str, ...] = ()  # streams `file:<path>` of each spelling of one file
-    status: str | None = None
-    since: str | None = None
-    until: str | None = None
-    session: str | None = None
-    agent: str | None = None
-    limit: int | None = 50
-
-
-@dataclass(frozen=True, slots=True)
-class Recoverable:
-    """Text a save replaced or a close discarded, and where it belongs."""
-
-    event: StoredEvent
-    path: str
-    blob: str
-    content: bytes
-    description: str
-
-
-# --- parsing what people type ----------------------------------------------------------
-
-
-def parse_time(option: str, text: str, now: datetime | None = None) -> str:
-    """An ISO time (UTC unless it says otherwise) or a relative one (`30m`, `2h`, `7d`) ago,
-    as a journal timestamp."""
-    now = now or datetime.now(UTC)
-    if match := _RELATIVE.match(text.strip()):
-        moment = now - timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    else:
-        try:
-            moment = datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise ValueError(
-                f"{option}: expected an ISO time (2026-05-01, 2026-05-01T12:00:00Z) "
-                f"or a time ago (30m, 2h, 7d), got {text!r}"
-            ) from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_limit(text: str) -> int | None:
-    """`--limit N`: at most N rows; 0 means all."""
-    if not text.isdigit():
-        raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
-    return int(text) or None
-
-
-def parse_position(option: str, text: str) -> int:
-    """An event position as typed: `12` or `@12`."""
-    if not (match := _POSITION.match(text.strip())):
-        raise ValueError(f"{option}: expected an event position (e.g. 12), got {text!r}")
-    return int(match[1])
-
-
-def parse_status(text: str) -> str:
-    if text not in STATUSES:
-        raise ValueError(f"--status: expected one of {', '.join(STATUSES)}, got {text!r}")
-    return text
-
-
-def file_streams(path: str) -> tuple[str, ...]:
-    """The streams a file's events may be under: toolbus records the resolved path, but a
-    file since deleted or moved may only be findable by the path as typed."""
-    typed = os.path.abspath(os.path.expanduser(path))
-    resolved = os.path.realpath(typed)
-    return tuple(dict.fromkeys((file_stream(resolved), file_stream(typed))))
 
 
 # --- audit -----------------------------------------------------------------------------
@@ -349,59 +207,42 @@ def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> li
 # --- single events and their text --------------------------------------------------------
 
 
-def find_event(conn: sqlite3.Connection, reference: str) -> StoredEvent:
-    """An event by position (`12` or `@12`) or by event id (32 hex digits)."""
-    reference = reference.strip()
-    if match := _POSITION.match(reference):
-        rows = conn.execute("SELECT * FROM events WHERE position = ?", (int(match[1]),))
-    elif _EVENT_ID.match(reference.lower()):
-        rows = conn.execute("SELECT * FROM events WHERE event_id = ?", (reference.lower(),))
-    else:
-        raise ValueError(
-            f"EVENT: expected an event position (e.g. 12) or an event id (32 hex digits), got {reference!r}"
-        )
-    rows.row_factory = sqlite3.Row
-    found = rows.fetchall()
+def event_at(conn: sqlite3.Connection, position: int) -> StoredEvent:
+    return _one_event(conn, "position", position, str(position))
+
+
+def event_by_id(conn: sqlite3.Connection, event_id: str) -> StoredEvent:
+    return _one_event(conn, "event_id", event_id.lower(), event_id)
+
+
+def _one_event(conn: sqlite3.Connection, column: str, value: object, shown: str) -> StoredEvent:
+    cursor = conn.execute(f"SELECT * FROM events WHERE {column} = ?", (value,))
+    cursor.row_factory = sqlite3.Row
+    found = cursor.fetchall()
     if not found:
-        raise NoSuchEvent(f"no event {reference} in the journal")
+        raise NoSuchEvent(f"no event {shown} in the journal")
     return stored_events(conn, found)[0]
 
 
-def recoverable(conn: sqlite3.Connection, event: StoredEvent) -> Recoverable:
-    """The text an event's save replaced, or its close discarded; ValueError when it has none."""
-    field = RECOVERABLE_FIELDS.get(event.type)
-    where = f"event @{event.position} ({event.type})"
-    if field is None:
-        raise ValueError(f"{where} holds no recoverable text: only saves, closes and restores do")
-    name, description = field
-    digest = event.data.get(name)
-    if digest is None:
-        reason = "the file did not exist before" if event.type != "TabClosed" else "the buffer had no unsaved text"
-        raise ValueError(f"{where} has nothing to recover: {reason}")
-    content = blob(conn, digest)
-    return Recoverable(event=event, path=str(event.data["path"]), blob=digest, content=content, description=description)
+def events_between(
+    conn: sqlite3.Connection, types: Sequence[str], start: int, end: int | None
+) -> Iterator[StoredEvent]:
+    marks = ", ".join("?" * len(types))
+    cursor = conn.execute(
+        f"SELECT * FROM events WHERE type IN ({marks}) AND position BETWEEN ? AND ? ORDER BY position",
+        (*types, start, end if end is not None else _LAST),
+    )
+    cursor.row_factory = sqlite3.Row
+    while rows := cursor.fetchmany(_BATCH):
+        yield from stored_events(conn, rows)
 
 
-def blob(conn: sqlite3.Connection, digest: str) -> bytes:
-    found = blob_if_any(conn, digest)
-    if found is None:
-        raise ValueError(f"the journal has lost blob {digest}: it cannot be recovered")
-    return found
+_LAST = 2**63 - 1
 
 
 def blob_if_any(conn: sqlite3.Connection, digest: str) -> bytes | None:
     row = conn.execute("SELECT content FROM blobs WHERE hash = ?", (digest,)).fetchone()
     return None if row is None else bytes(row[0])
-
-
-class JournalTexts:
-    """`handlers.ports.Texts`: the journal's blobs, read on its own thread (off the event loop)."""
-
-    def __init__(self, journal: SqliteJournal) -> None:
-        self._journal = journal
-
-    async def text(self, digest: str) -> bytes | None:
-        return await self._journal.run(lambda conn: blob_if_any(conn, digest))
 
 
 # --- decoding ----------------------------------------------------------------------------

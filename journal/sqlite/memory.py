@@ -21,16 +21,13 @@ import sqlite3
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import sqlite_utils
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
-
-if TYPE_CHECKING:
-    from toolbus.journal.sqlite.store import SqliteJournal
 
 T = TypeVar("T")
 
@@ -503,11 +500,17 @@ def _read(work: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connecti
     return run
 
 
+class _Runner(Protocol):
+    """The journal's connection, lent on its own thread (`SqliteJournal.run`)."""
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
+
+
 class SqliteMemoryStore:
     """The memory store the handlers ask (`handlers.ports.MemoryStore`): the observation
     tables, queried off the event loop."""
 
-    def __init__(self, journal: SqliteJournal) -> None:
+    def __init__(self, journal: _Runner) -> None:
         self._journal = journal
         self._mapped = False
 

@@ -1,4 +1,4 @@
-"""Replaying the journal: rebuild the memory store, or list the editor steps to re-apply.
+"""Rebuilding the memory store from the journal, and checking it against a rebuild.
 
 The memory store is a projection of `ObservationSaved` events. Rebuilding it projects every
 such event, in journal order, after `reset_memory_tables` has emptied it — in bulk
@@ -9,24 +9,20 @@ at a time — in one transaction, so a reader never sees a half-built store.
 from __future__ import annotations
 
 import gc
-import os
 import sqlite3
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from toolbus.bus import DocumentSaved, FileRestored, ObservationSaved, decode_event, file_stream
-from toolbus.journal.sqlite.audit import blob, blob_if_any
+from toolbus.bus import MemoryCheck, ObservationSaved, decode_event
+from toolbus.journal.sqlite.memory import load_observations, reset_memory_tables
+from toolbus.journal.sqlite.sql import transaction
 
 _OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'ObservationSaved' ORDER BY position"
-_WRITE_TYPES = ("DocumentSaved", "FileRestored")
-_EDITOR_TYPES = (*_WRITE_TYPES, "TabClosed")
-_LAST = 2**63 - 1
 # FTS5 and FTS4 keep their index in shadow tables named after the virtual table.
 _SHADOW_SUFFIXES = ("_data", "_idx", "_content", "_docsize", "_config", "_segments", "_segdir", "_stat")
 _MAX_REPORTED = 20  # differences listed per table; the count covers all
@@ -38,20 +34,16 @@ _MAX_REPORTED = 20  # differences listed per table; the count covers all
 def rebuild_memory(conn: sqlite3.Connection) -> int:
     """Empty the memory store and re-project every saved observation, in one transaction.
     Returns the number of observations."""
-    from toolbus.journal.sqlite.store import SqliteJournal
-
     # Every observation's id is the position of the event it is read from, in this very
     # transaction: checking each against `events` (the foreign key) would only cost time.
     # The setting can change only outside a transaction, hence here.
-    with _settings(conn, {"foreign_keys": "OFF"}), SqliteJournal.transaction(conn):
+    with _settings(conn, {"foreign_keys": "OFF"}), transaction(conn):
         return project_observations(conn, conn)
 
 
 def project_observations(source: sqlite3.Connection, target: sqlite3.Connection) -> int:
     """Reset `target`'s memory tables and apply `source`'s ObservationSaved events to them.
     Runs in the caller's transaction on `target`."""
-    from toolbus.journal.sqlite.memory import load_observations, reset_memory_tables
-
     with _settings(target, _REBUILD_PRAGMAS), _without_gc():
         reset_memory_tables(target)
         return load_observations(target, _saved_observations(source))
@@ -107,12 +99,6 @@ def _observation(version: int, data: str | bytes) -> ObservationSaved:
     event = decode_event("ObservationSaved", version, data)
     assert isinstance(event, ObservationSaved)
     return event
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryCheck:
-    observations: int
-    differences: list[str] = field(default_factory=list)
 
 
 def check_memory(live: sqlite3.Connection) -> MemoryCheck:
@@ -197,102 +183,3 @@ def _short(value: Any) -> str:
 
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-# --- editor ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EditorStep:
-    """One recorded change to re-apply: write a file's recorded text, or close its buffer."""
-
-    position: int
-    action: Literal["write", "close"]
-    path: str
-    recorded_path: str
-    source: str  # the event type it comes from
-    content: bytes | None = None
-    # Texts the journal has for this file around this step (what it replaced, what the last
-    # write before it and the last write of all wrote): a file holding one loses nothing
-    # when it is overwritten.
-    known: tuple[bytes, ...] = ()
-
-    def describe(self) -> str:
-        moved = f" (recorded as {self.recorded_path})" if self.path != self.recorded_path else ""
-        if self.action == "close":
-            return f"@{self.position} close {self.path}{moved}"
-        verb = "restore" if self.source == "FileRestored" else "save"
-        return f"@{self.position} {verb} {self.path}{moved}: write {len(self.content or b'')} bytes"
-
-
-PathMap = list[tuple[str, str]]
-
-
-def parse_path_map(pairs: Sequence[str]) -> PathMap:
-    """`--map FROM=TO` pairs as absolute directory prefixes, longest first."""
-    mapping: PathMap = []
-    for pair in pairs:
-        old, sep, new = pair.partition("=")
-        if not sep or not old or not new:
-            raise ValueError(f"--map: expected FROM=TO (two directories), got {pair!r}")
-        mapping.append((os.path.abspath(os.path.expanduser(old)), os.path.abspath(os.path.expanduser(new))))
-    return sorted(mapping, key=lambda item: len(item[0]), reverse=True)
-
-
-def map_path(path: str, mapping: PathMap) -> str:
-    for old, new in mapping:
-        if path == old or path.startswith(old.rstrip("/") + "/"):
-            return new + path[len(old) :]
-    return path
-
-
-def editor_steps(
-    conn: sqlite3.Connection, start: int | None = None, end: int | None = None, mapping: PathMap | None = None
-) -> Iterator[EditorStep]:
-    """Saves, restores and closes between positions `start` and `end` (inclusive), in order."""
-    marks = ", ".join("?" * len(_EDITOR_TYPES))
-    cursor = conn.execute(
-        f"SELECT position, type, version, data FROM events WHERE type IN ({marks})"
-        " AND position BETWEEN ? AND ? ORDER BY position",
-        (*_EDITOR_TYPES, start or 0, end if end is not None else _LAST),
-    )
-    for position, type_name, version, data in cursor.fetchall():
-        event: Any = decode_event(type_name, version, data)
-        path = map_path(event.path, mapping or [])
-        if type_name == "TabClosed":
-            yield EditorStep(position=position, action="close", path=path, recorded_path=event.path, source=type_name)
-        else:
-            yield EditorStep(
-                position=position,
-                action="write",
-                path=path,
-                recorded_path=event.path,
-                source=type_name,
-                content=blob(conn, event.written_blob),
-                known=_known_texts(conn, event, position),
-            )
-
-
-def _known_texts(conn: sqlite3.Connection, event: DocumentSaved | FileRestored, position: int) -> tuple[bytes, ...]:
-    candidates = (
-        event.replaced_blob,
-        _written(conn, event.path, position),
-        _written(conn, event.path, _LAST),
-    )
-    digests = {digest for digest in candidates if digest is not None and digest != event.written_blob}
-    texts = (blob_if_any(conn, digest) for digest in sorted(digests))
-    return tuple(text for text in texts if text is not None)
-
-
-def _written(conn: sqlite3.Connection, path: str, before: int) -> str | None:
-    """What the last recorded write of `path` before position `before` wrote (its blob)."""
-    row = conn.execute(
-        "SELECT type, version, data FROM events WHERE stream = ? AND type IN (?, ?) AND position < ?"
-        " ORDER BY position DESC LIMIT 1",
-        (file_stream(path), *_WRITE_TYPES, before),
-    ).fetchone()
-    if row is None:
-        return None
-    event = decode_event(*row)
-    assert isinstance(event, DocumentSaved | FileRestored)
-    return event.written_blob

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from toolbus.bus.errors import JournalUnavailable
+from toolbus.journal.sqlite.memory import create_memory_tables
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -71,8 +72,6 @@ def _v1_core(db: sqlite_utils.Database) -> None:
 
 
 def _memory_tables(db: sqlite_utils.Database) -> None:
-    from toolbus.journal.sqlite.memory import create_memory_tables
-
     create_memory_tables(db)
 
 

@@ -17,8 +17,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
@@ -27,13 +26,16 @@ import msgspec
 from toolbus.bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.journal.sqlite.memory import apply_observation
+from toolbus.journal.sqlite.replay import rebuild_memory
 from toolbus.journal.sqlite.schema import check_identity, migrate
+from toolbus.journal.sqlite.sql import transaction
 
 if TYPE_CHECKING:  # asyncio and anyio load lazily: commands that only read never pay for them
     import asyncio
 
 T = TypeVar("T")
-Synchronous = Literal["FULL", "NORMAL", "OFF"]
+# FULL: every commit durable across power loss; NORMAL: safe from a crash of toolbus, not of the machine.
+Synchronous = Literal["FULL", "NORMAL"]
 
 # Arguments of a rejected call are kept for the audit, but never more than this.
 REJECTED_ARGUMENTS_LIMIT = 64 * 1024
@@ -198,17 +200,7 @@ class SqliteJournal:
         with anyio.CancelScope(shield=True):
             return await future
 
-    @staticmethod
-    @contextmanager
-    def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        """An immediate (writer) transaction, rolled back on any error."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    transaction = staticmethod(transaction)
 
     # --- the bus's side (bus.Journal) ---------------------------------------------------
 
@@ -255,6 +247,10 @@ class SqliteJournal:
                 _insert_blobs(conn, blobs)
 
         await self.run(work)
+
+    def rebuild_memory(self) -> int:
+        """Drop the memory store and rebuild it from the journal's events; the observation count."""
+        return self.run_sync(rebuild_memory)
 
     def record_many_sync(self, conn: sqlite3.Connection, outcomes: Sequence[Outcome]) -> list[list[int]]:
         """Several finished commands in one transaction (imports, benchmarks): one fsync for all.

@@ -238,7 +238,9 @@ def _audit_queries_in_process(journal: Path, filters: dict[str, list[str]]) -> d
     """The queries `toolbus audit` runs, through the journal package's public functions."""
     import msgspec
 
-    from toolbus.journal.sqlite.audit import AuditQuery, audit, file_streams, parse_time
+    from toolbus.adapters.cli_journal import parse_time
+    from toolbus.bus import AuditQuery, file_streams
+    from toolbus.journal.sqlite.audit import audit
     from toolbus.journal.sqlite.readonly import open_readonly
 
     encoder = msgspec.json.Encoder()

@@ -1,0 +1,184 @@
+"""Journal entries for people: tables (through tabulate) and a few words per event."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
+    """Columns padded to their widest cell. On a terminal the last column is cut to fit."""
+    if sys.stdout.isatty():
+        others = sum(max(len(row[i]) for row in [headers, *rows]) + 2 for i in range(len(headers) - 1))
+        room = max(os.get_terminal_size(sys.stdout.fileno()).columns - others, 24)
+        rows = [[*row[:-1], shorten(row[-1], room)] for row in rows]
+    align = tuple("right" if i in right else "left" for i in range(len(headers)))
+    text = tabulate(rows, headers=list(headers), tablefmt="plain", colalign=align, disable_numparse=True)
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def clock(timestamp: str | None) -> str:
+    """`2026-05-01T12:00:00.123456Z` as `2026-05-01 12:00:00`."""
+    return timestamp[:19].replace("T", " ") if timestamp else "-"
+
+
+def size(count: int | None) -> str:
+    if count is None:
+        return "?"
+    if count < 1024:
+        return f"{count} B"
+    if count < 1024 * 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 1024 / 1024:.1f} MiB"
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+
+
+def shorten(text: str, limit: int, keep_end: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
+
+
+def print_audit_table(entries: Iterable[AuditEntry]) -> int:
+    rows = [
+        [
+            clock(entry.received_at),
+            entry.tool,
+            shorten(entry.target or "", 60, keep_end=True),
+            entry.status,
+            duration(entry.duration_ms),
+            describe_outcome(entry),
+        ]
+        for entry in entries
+    ]
+    if rows:
+        print(
+            table(
+                ["TIME (UTC)", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"], rows, frozenset({4})
+            )
+        )
+    return len(rows)
+
+
+def describe_outcome(entry: AuditEntry) -> str:
+    """What a command did, in a few words; events are named `@position` for `toolbus recover`."""
+    if entry.events:
+        return "; ".join(describe_event(event) for event in entry.events)
+    if entry.error:
+        return entry.error.removeprefix(f"Invalid arguments for {entry.tool}: ")
+    if entry.status == "in_doubt":
+        return "no outcome recorded: still running, or toolbus stopped before it finished"
+    return ""
+
+
+def describe_event(event: StoredEvent) -> str:
+    data = event.data
+    describe = _EVENT_WORDS.get(event.type)
+    return f"@{event.position} " + (describe(data, event.blobs) if describe else event.type)
+
+
+def _saved(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    text = f"saved {size(data.get('bytes_written'))}"
+    replaced = data.get("replaced_blob")
+    text += f", replaced {size(blobs.get(replaced))}" if replaced else ", new file"
+    if data.get("disk_changed"):
+        text += ", file had changed on disk" + (" (reloaded first)" if data.get("reloaded") else "")
+    return text
+
+
+def _refused(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    reason = data.get("reason")
+    if reason == "conflict":
+        return "not saved: changed on disk and in the buffer (both kept)"
+    if reason == "not_open":
+        return "not saved: not open"
+    return f"not saved: {data.get('message', reason)}"
+
+
+def _closed(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    discarded = data.get("discarded_blob")
+    return f"closed, discarded {size(blobs.get(discarded))} unsaved" if discarded else "closed"
+
+
+def _close_skipped(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    if data.get("reason") == "ambiguous":
+        return f"closed nothing: {len(data.get('candidates', []))} buffers match"
+    return "closed nothing: no buffer matches"
+
+
+def _restored(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    return f"restored {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}"
+
+
+def _replayed(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    if data.get("action") == "close":
+        return f"replayed the close @{data.get('from_position')}"
+    kept = f"; kept what the file held in {data['kept_copy']}" if data.get("kept_copy") else ""
+    return f"replayed {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}{kept}"
+
+
+def _observation(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    kind, project, visibility = data.get("type"), data.get("project"), data.get("visibility")
+    return f"observation saved: {kind} in project {project}, visible to {visibility}"
+
+
+_EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
+    "DocumentSaved": _saved,
+    "DocumentSaveRefused": _refused,
+    "TabClosed": _closed,
+    "TabCloseSkipped": _close_skipped,
+    "FileRestored": _restored,
+    "FileReplayed": _replayed,
+    "ObservationSaved": _observation,
+}
+
+
+def print_history(reader: JournalReader, path: str, limit: int | None = None) -> None:
+    entries = reader.history(path, limit)
+    shown = os.path.abspath(os.path.expanduser(path))
+    if not entries:
+        print(f"{shown}: no saves or closes in the journal", file=sys.stderr)
+        return
+    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}, newest first")
+    rows = [_history_row(entry) for entry in entries]
+    print(table(["EVENT", "TIME (UTC)", "BY", "WHAT HAPPENED", "RECOVERABLE"], rows))
+    if any(_recoverable_words(entry.event) != "-" for entry in entries):
+        print(
+            "\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file."
+        )
+
+
+def _history_row(entry: HistoryEntry) -> list[str]:
+    event = entry.event
+    who = entry.agent or "-"
+    if entry.tool and entry.tool not in ("saveDocument", "close_tab"):
+        who += f" ({entry.tool})"
+    return [
+        f"@{event.position}",
+        clock(event.recorded_at),
+        who,
+        describe_event(event).split(" ", 1)[1],
+        _recoverable_words(event),
+    ]
+
+
+def _recoverable_words(event: StoredEvent) -> str:
+    field = RECOVERABLE_FIELDS.get(event.type)
+    digest = event.data.get(field[0]) if field else None
+    if digest is None:
+        return "-"
+    kind = "unsaved, discarded" if event.type == "TabClosed" else "replaced"
+    return f"{size(event.blobs.get(digest))} {kind}"
+
+

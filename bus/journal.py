@@ -1,0 +1,188 @@
+"""The journal's two ports: the writer the bus appends through, and the reader that audit,
+history, recover, replay, the demo and the doctor read through. Backends implement both;
+nothing outside a backend holds a database connection."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, get_args
+
+import msgspec
+
+from toolbus.bus.events import Event, file_stream
+
+Status = Literal["ok", "rejected", "failed", "in_doubt"]
+STATUSES: tuple[Status, ...] = get_args(Status)
+
+# Event data fields that name a blob, and what the blob's text is to a person.
+RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
+    "DocumentSaved": ("replaced_blob", "the text on disk that the save replaced"),
+    "TabClosed": ("discarded_blob", "the unsaved text that the close discarded"),
+    "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
+}
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is calling: the configured identity and the MCP client behind it."""
+
+    agent: str = "legacy"
+    department: str = "default"
+    client_name: str | None = None
+    client_version: str | None = None
+    session_id: str | None = None
+
+
+class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A call as the journal records it, before anything is known of its outcome."""
+
+    tool: str
+    arguments: Any
+    caller: Caller
+    received_ns: int  # time.time_ns() at arrival
+
+
+class JournalWriter(Protocol):
+    """The write side of the journal, as the bus needs it."""
+
+    async def begin(self, record: CommandRecord) -> int:
+        """Record a command as `in_doubt`; return its id."""
+        ...
+
+    async def finish(
+        self,
+        record: CommandRecord,
+        command_id: int | None,
+        status: Status,
+        *,
+        error: str | None = None,
+        events: Sequence[Event] = (),
+        blobs: Mapping[str, bytes] | None = None,
+    ) -> list[int]:
+        """Commit the outcome (inserting the command first when `command_id` is None);
+        return the positions given to `events`."""
+        ...
+
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store texts (content-addressed, so idempotent) in a transaction of their own."""
+        ...
+
+
+# --- what the reader returns ----------------------------------------------------------------
+
+
+class NoSuchEvent(ValueError):
+    """The event asked for is not in the journal."""
+
+
+class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as the journal holds it, its data upcast to the current schema."""
+
+    position: int
+    event_id: str
+    command_id: int | None
+    type: str
+    version: int
+    stream: str
+    recorded_at: str
+    data: dict[str, Any]
+    blobs: dict[str, int]  # size in bytes of each blob the data names
+
+
+class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One command and its events: a line of `toolbus audit --json`."""
+
+    id: int
+    received_at: str
+    finished_at: str | None
+    duration_ms: float | None
+    tool: str
+    target: str | None
+    status: str
+    error: str | None
+    agent: str | None
+    department: str | None
+    client_name: str | None
+    client_version: str | None
+    session_id: str | None
+    pid: int | None
+    arguments: Any
+    events: list[StoredEvent]
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One event in a file's story, with the command that caused it."""
+
+    event: StoredEvent
+    tool: str | None
+    status: str | None
+    agent: str | None
+    session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """Filters of `toolbus audit`; None means "any". Times are journal timestamps (UTC ISO)."""
+
+    tool: str | None = None
+    paths: tuple[str, ...] = ()  # streams of each spelling of one file (`file_streams`)
+    status: Status | None = None
+    since: str | None = None
+    until: str | None = None
+    session: str | None = None
+    agent: str | None = None
+    limit: int | None = 50
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCheck:
+    """The memory store against a rebuild from the journal's events."""
+
+    observations: int
+    differences: list[str]
+
+
+def file_streams(path: str) -> tuple[str, ...]:
+    """The streams a file's events may be under: the path as Neovim resolves it (symlinks
+    followed), and as typed, for a file since deleted or moved."""
+    typed = os.path.abspath(os.path.expanduser(path))
+    return tuple(dict.fromkeys((file_stream(os.path.realpath(typed)), file_stream(typed))))
+
+
+class JournalReader(Protocol):
+    """Reading a journal: never creates, migrates or writes anything."""
+
+    def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
+        """Commands matching `query`, newest first, each with its events."""
+        ...
+
+    def history(self, path: str, limit: int | None = None) -> list[HistoryEntry]:
+        """Every event about one file (under any of its `file_streams`), newest first."""
+        ...
+
+    def event_at(self, position: int) -> StoredEvent:
+        """The event at `position`; `NoSuchEvent` when there is none."""
+        ...
+
+    def event_by_id(self, event_id: str) -> StoredEvent:
+        """The event whose id is `event_id` (32 hex digits); `NoSuchEvent` when there is none."""
+        ...
+
+    def events(self, types: Sequence[str], start: int = 0, end: int | None = None) -> Iterator[StoredEvent]:
+        """Events of these types between positions `start` and `end` (inclusive), in order."""
+        ...
+
+    def blob(self, digest: str) -> bytes | None:
+        """The text whose SHA-256 is `digest`; None when the journal does not hold it."""
+        ...
+
+    def check_memory(self) -> MemoryCheck:
+        """Rebuild the memory store aside and list how the live one differs."""
+        ...
+
+    def counts(self) -> tuple[int, int]:
+        """How many commands and events the journal holds."""
+        ...
+
+    def close(self) -> None: ...

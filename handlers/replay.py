@@ -1,0 +1,55 @@
+"""The replay handlers (`toolbus replay editor`): a recorded write or close, re-applied to a
+Neovim through the bus, so the replay itself is journaled like any other change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from toolbus.bus import Fault, FileReplayed, HandlerContext, ReplayClose, ReplayWrite
+from toolbus.handlers.ports import Editor, Texts
+
+
+class Replayed(msgspec.Struct, frozen=True, kw_only=True):
+    done: bool  # False: there was nothing to do (a close of a file not open there)
+    kept: str | None = None  # where the file's unknown earlier text was copied first
+
+
+async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Replayed:
+    editor: Editor = context.services.editor
+    content = await _text(context.services.texts, command.blob)
+    known = [await _text(context.services.texts, digest) for digest in command.known]
+    result = await editor.replace_file(command.path, content, known)
+    if result.status == "modified":
+        raise Fault(_unsaved(command.path))
+    if result.status == "error":
+        kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
+        raise Fault(result.message + kept)
+    event = FileReplayed(
+        path=command.path, from_position=command.event, action="write", written_blob=command.blob, kept_copy=result.kept
+    )
+    await context.commit(event)
+    return Replayed(done=True, kept=result.kept)
+
+
+async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Replayed:
+    editor: Editor = context.services.editor
+    closed = await editor.close_file(command.path)
+    if closed == "modified":
+        raise Fault(_unsaved(command.path))
+    if closed == "not_open":
+        return Replayed(done=False)
+    await context.commit(FileReplayed(path=command.path, from_position=command.event, action="close"))
+    return Replayed(done=True)
+
+
+async def _text(texts: Texts, digest: str) -> bytes:
+    content = await texts.text(digest)
+    if content is None:
+        raise Fault(f"the journal has lost blob {digest}: it cannot be replayed")
+    return content
+
+
+def _unsaved(path: str) -> str:
+    return f"{path} has unsaved changes in this Neovim: save or close it, then replay again"
