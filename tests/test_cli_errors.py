@@ -173,3 +173,87 @@ def test_a_malformed_time_is_reported_before_the_journal_is_looked_for(tmp_path:
 )
 def test_other_bad_values(journal: Path, args: list[str], fragment: str) -> None:
     assert_untouched(journal, lambda: cli(*args, "--journal", str(journal)), args[0], fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["recover", "99999999999999999999999"], "EVENT: expected an event position"),
+        (["audit", "--since", "1000000d"], "--since: '1000000d' is out of range"),
+        (["audit", "--until", "9999-12-31T23:59:59-14:00"], "--until: '9999-12-31T23:59:59-14:00' is out of range"),
+        (["audit", "--limit", "99999999999999999999999"], "--limit: expected at most"),
+        (["history", "/tmp/x", "--limit", "99999999999999999999999"], "--limit: expected at most"),
+        (["replay", "editor", "--from", "99999999999999999999", "--dry-run"], "--from: expected an event position"),
+        (["replay", "editor", "--to", "@99999999999999999999", "--dry-run"], "--to: expected an event position"),
+    ],
+)
+def test_numbers_out_of_range(journal: Path, args: list[str], fragment: str) -> None:
+    assert_untouched(journal, lambda: cli(*args, "--journal", str(journal)), args[0], fragment)
+
+
+@pytest.fixture
+def recoverable_journal(tmp_path: Path) -> tuple[Path, int]:
+    """A journal holding one save that replaced a text, and that event's position."""
+    from toolbus.bus import Caller, CommandRecord, DocumentSaved, blob_hash
+    from toolbus.journal.sqlite import Outcome
+
+    path = tmp_path / "journal" / "journal.db"
+    old, new = b"old text\n", b"new text\n"
+    event = DocumentSaved(
+        path="/src/a.txt",
+        written_blob=blob_hash(new),
+        bytes_written=len(new),
+        replaced_blob=blob_hash(old),
+        disk_changed=False,
+        reloaded=False,
+    )
+    record = CommandRecord(tool="saveDocument", arguments={"filePath": "/src/a.txt"}, caller=Caller(), received_ns=1)
+    store = SqliteJournal(path)
+    try:
+        [[position]] = store.run_sync(
+            lambda conn: store.record_many_sync(
+                conn, [Outcome(record, "ok", events=[event], blobs={blob_hash(old): old, blob_hash(new): new})]
+            )
+        )
+    finally:
+        store.close()
+    return path, position
+
+
+def test_recover_into_a_directory_or_a_missing_one(recoverable_journal: tuple[Path, int], tmp_path: Path) -> None:
+    journal, position = recoverable_journal
+    for target, fragment in [
+        (tmp_path, f"-o: {tmp_path} is a directory"),
+        (tmp_path / "missing" / "x.txt", f"-o: {tmp_path / 'missing'} does not exist"),
+    ]:
+        run = lambda target=target: cli("recover", str(position), "-o", str(target), "--journal", str(journal))  # noqa: E731
+        assert_untouched(journal, run, "recover", fragment)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_recover_onto_an_existing_file_needs_force(recoverable_journal: tuple[Path, int], tmp_path: Path) -> None:
+    journal, position = recoverable_journal
+    target = tmp_path / "kept.txt"
+    target.write_bytes(b"precious\n")
+    args = ["recover", str(position), "-o", str(target), "--journal", str(journal)]
+    assert_one_line_usage_error(cli(*args), "recover", f"-o: {target} exists: add --force")
+    assert target.read_bytes() == b"precious\n"
+    forced = cli(*args, "--force")
+    assert forced.code == 0, forced.err
+    assert target.read_bytes() == b"old text\n"
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["audit"], ["--help"]])
+def test_quiet_into_a_closed_pipe(journal: Path, command: list[str]) -> None:
+    """`toolbus doctor | head -1`: the reader stops early; no traceback, no complaint."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", *command, "--journal", str(journal)]
+    if command == ["--help"]:
+        argv = argv[:-2]
+    reader = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout is not None
+    reader.stdout.close()  # as `head` does once it has its line, before toolbus writes
+    _, err = reader.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
