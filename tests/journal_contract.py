@@ -1,0 +1,297 @@
+"""The contract every journal backend passes, as abstract test cases (pyeventsourcing's way):
+a backend's test module subclasses `JournalContract` once and says how to open it.
+
+Covered: append and gapless positions (also with writers in several processes), idempotent
+blobs, the memory projection and its search semantics, visibility, audit filters, a file's
+history, and recoverable texts — all through the ports (`JournalWriter`, `JournalReader`,
+`MemoryStore`), never through a backend's connection.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+from toolbus.bus import (
+    AuditQuery,
+    Caller,
+    CommandRecord,
+    DocumentSaved,
+    JournalReader,
+    JournalWriter,
+    NoSuchEvent,
+    ObservationSaved,
+    TabClosed,
+    blob_hash,
+    file_streams,
+)
+from toolbus.bus.queries import SearchQuery
+from toolbus.handlers import MemoryStore
+from toolbus.journal import recoverable
+
+CLAUDE = Caller(agent="claude", department="platform")
+REVIEWER = Caller(agent="reviewer", department="platform")
+STRANGER = Caller(agent="stranger", department="sales")
+
+
+def record(tool: str, arguments: Any = None, caller: Caller = CLAUDE) -> CommandRecord:
+    return CommandRecord(tool=tool, arguments=arguments or {}, caller=caller, received_ns=1_767_225_600_000_000_000)
+
+
+def observation(title: str, text: str, *, visibility: str = "project", caller: Caller = CLAUDE) -> ObservationSaved:
+    return ObservationSaved(
+        title=title,
+        text=text,
+        type="discovery",
+        project="toolbus",
+        memory_session_id="s1",
+        facts=[],
+        concepts=[],
+        agent=caller.agent,
+        department=caller.department,
+        visibility=visibility,
+        created_at_epoch=1_767_225_600_000,
+    )
+
+
+def saved(path: str, old: bytes | None, new: bytes) -> tuple[DocumentSaved, dict[str, bytes]]:
+    blobs = {blob_hash(new): new} | ({blob_hash(old): old} if old is not None else {})
+    event = DocumentSaved(
+        path=path,
+        written_blob=blob_hash(new),
+        bytes_written=len(new),
+        replaced_blob=blob_hash(old) if old is not None else None,
+        disk_changed=False,
+        reloaded=False,
+    )
+    return event, blobs
+
+
+def _append_many(opener: Callable[[str], JournalWriter], location: str, count: int) -> None:
+    """A writer in another process: `count` commands, one event each."""
+
+    async def work() -> None:
+        writer = opener(location)
+        try:
+            for index in range(count):
+                await writer.finish(record("save"), None, "ok", events=[observation(f"n{index}", "from a process")])
+        finally:
+            writer.close()  # type: ignore[attr-defined]
+
+    anyio.run(work)
+
+
+class JournalContract:
+    """Subclass as `TestXJournal(JournalContract)` and give `location`, `open_writer`,
+    `open_reader` and `memory_store` for the backend."""
+
+    # For writers in other processes: a module-level function `location -> writer`.
+    writer_factory: ClassVar[Callable[[str], JournalWriter]]
+
+    @pytest.fixture
+    def location(self, tmp_path: Path) -> str:
+        raise NotImplementedError
+
+    def open_writer(self, location: str) -> JournalWriter:
+        return type(self).writer_factory(location)
+
+    def open_reader(self, location: str) -> JournalReader:
+        raise NotImplementedError
+
+    def memory_store(self, writer: JournalWriter) -> MemoryStore:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def writer(self, location: str) -> Iterator[JournalWriter]:
+        writer = self.open_writer(location)
+        yield writer
+        writer.close()  # type: ignore[attr-defined]
+
+    @pytest.fixture
+    def read(self, location: str) -> Iterator[Callable[[], JournalReader]]:
+        """A fresh reader each call (it sees what was committed before it opened)."""
+        opened: list[JournalReader] = []
+
+        def open_one() -> JournalReader:
+            opened.append(self.open_reader(location))
+            return opened[-1]
+
+        yield open_one
+        for reader in opened:
+            reader.close()
+
+    # --- append --------------------------------------------------------------------------
+
+    def test_appends_get_gapless_positions_in_commit_order(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        async def work() -> list[int]:
+            positions: list[int] = []
+            for batch in (1, 3, 0, 2):
+                events = [observation(f"t{batch}-{i}", "x") for i in range(batch)]
+                positions += await writer.finish(record("save"), None, "ok", events=events)
+            return positions
+
+        positions = anyio.run(work)
+        assert positions == list(range(positions[0], positions[0] + 6))
+        stored = list(read().events(["ObservationSaved"]))
+        assert [event.position for event in stored] == positions
+        assert [event.data["title"] for event in stored] == ["t1-0", "t3-0", "t3-1", "t3-2", "t2-0", "t2-1"]
+
+    def test_a_command_begun_stays_in_doubt_until_finished(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        call = record("saveDocument", {"filePath": "/src/a.py"})
+        command_id = anyio.run(writer.begin, call)
+        [entry] = read().audit(AuditQuery())
+        assert (entry.id, entry.status, entry.events) == (command_id, "in_doubt", [])
+        event, blobs = saved("/src/a.py", b"old\n", b"new\n")
+
+        async def finish() -> list[int]:
+            return await writer.finish(call, command_id, "ok", events=[event], blobs=blobs)
+
+        [position] = anyio.run(finish)
+        [entry] = read().audit(AuditQuery())
+        assert entry.status == "ok" and [e.position for e in entry.events] == [position]
+
+    def test_writers_in_several_processes_share_one_gapless_order(
+        self, location: str, read: Callable[[], JournalReader]
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        workers = [
+            context.Process(target=_append_many, args=(type(self).writer_factory, location, 25)) for _ in range(3)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=120)
+            assert worker.exitcode == 0
+        positions = [event.position for event in read().events(["ObservationSaved"])]
+        assert len(positions) == 75
+        assert positions == list(range(positions[0], positions[0] + 75))
+
+    # --- blobs ---------------------------------------------------------------------------
+
+    def test_blobs_are_content_addressed_and_kept_once(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        text = "Grüße, 数据库\n".encode()
+
+        async def work() -> None:
+            await writer.keep_blobs({blob_hash(text): text})
+            await writer.keep_blobs({blob_hash(text): text})  # a retry changes nothing
+
+        anyio.run(work)
+        reader = read()
+        assert reader.blob(blob_hash(text)) == text
+        assert reader.blob(blob_hash(b"never kept")) is None
+
+    # --- memory --------------------------------------------------------------------------
+
+    def _save(self, writer: JournalWriter, *observations: ObservationSaved) -> list[int]:
+        async def work() -> list[int]:
+            return [
+                position
+                for item in observations
+                for position in await writer.finish(record("save"), None, "ok", events=[item])
+            ]
+
+        return anyio.run(work)
+
+    def _search(self, writer: JournalWriter, text: str | None, viewer: Caller = CLAUDE) -> list[str]:
+        store = self.memory_store(writer)
+        page = anyio.run(store.search, SearchQuery(text=text, limit=100), viewer)
+        assert page.total == len(page.results)
+        return sorted(row.title for row in page.results)
+
+    def test_search_semantics(self, writer: JournalWriter) -> None:
+        self._save(
+            writer,
+            observation("Journal uses WAL", "readers and the writer stay apart"),
+            observation("Write-ahead log", "the write-ahead row comes first; see src/store.py"),
+            observation("Café notes", "optimisation of v1.2"),
+            observation("データベース", "数据库 and 데이터 notes"),
+        )
+        assert self._search(writer, "apart writer readers") == ["Journal uses WAL"]
+        assert self._search(writer, '"stay apart"') == ["Journal uses WAL"]
+        assert self._search(writer, '"apart stay"') == []
+        assert self._search(writer, "write-ahead") == ["Write-ahead log"]
+        assert self._search(writer, "src/store.py") == ["Write-ahead log"]
+        assert self._search(writer, "cafe") == ["Café notes"]
+        assert self._search(writer, "optim*") == ["Café notes"]
+        assert self._search(writer, "v1.2") == ["Café notes"]
+        assert self._search(writer, "数据库") == ["データベース"]
+        assert self._search(writer, "データ") == ["データベース"]
+        for hostile in ['"unbalanced', "NEAR(a b)", "title:", "(*)", "^", "a AND OR", "* : ^"]:
+            self._search(writer, hostile)  # never an error
+        assert self._search(writer, "!!! ???") == []
+        assert len(self._search(writer, None)) == 4
+
+    def test_visibility(self, writer: JournalWriter) -> None:
+        self._save(
+            writer,
+            observation("shared plan", "for all", visibility="project"),
+            observation("platform plan", "for the department", visibility="department"),
+            observation("claude plan", "mine alone", visibility="private"),
+        )
+        assert self._search(writer, "plan", CLAUDE) == ["claude plan", "platform plan", "shared plan"]
+        assert self._search(writer, "plan", REVIEWER) == ["platform plan", "shared plan"]
+        assert self._search(writer, "plan", STRANGER) == ["shared plan"]
+
+    def test_get_observations_hides_what_the_caller_may_not_see(self, writer: JournalWriter) -> None:
+        public, private = self._save(
+            writer, observation("open", "x", visibility="public"), observation("closed", "y", visibility="private")
+        )
+        store = self.memory_store(writer)
+        found = anyio.run(store.get_observations, [private, public, 999_999], STRANGER)
+        assert [item["title"] for item in found.observations] == ["open"]
+        assert sorted(found.missing) == sorted([private, 999_999])
+
+    # --- audit, history, recovery ---------------------------------------------------------
+
+    def test_audit_filters_and_history(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
+        first, blobs_first = saved("/src/a.py", None, b"one\n")
+        second, blobs_second = saved("/src/a.py", b"one\n", b"two\n")
+        other, blobs_other = saved("/src/b.py", None, b"bee\n")
+
+        async def work() -> None:
+            await writer.finish(record("saveDocument"), None, "ok", events=[first], blobs=blobs_first)
+            await writer.finish(record("saveDocument", caller=REVIEWER), None, "ok", events=[second], blobs=blobs_second)
+            await writer.finish(record("saveDocument"), None, "ok", events=[other], blobs=blobs_other)
+            await writer.finish(record("saveDocument", {"filePath": "rel"}), None, "rejected", error="filePath: ...")
+            await writer.finish(record("search"), None, "ok")
+
+        anyio.run(work)
+        reader = read()
+        assert [e.tool for e in reader.audit(AuditQuery())] == ["search"] + ["saveDocument"] * 4
+        assert [e.status for e in reader.audit(AuditQuery(status="rejected"))] == ["rejected"]
+        assert len(list(reader.audit(AuditQuery(tool="saveDocument", limit=2)))) == 2
+        assert [e.agent for e in reader.audit(AuditQuery(agent="reviewer"))] == ["reviewer"]
+        path_a = list(reader.audit(AuditQuery(paths=file_streams("/src/a.py"))))
+        assert [e.events[0].data["written_blob"] for e in path_a] == [blob_hash(b"two\n"), blob_hash(b"one\n")]
+        history = reader.history("/src/a.py")
+        assert [(h.event.type, h.agent) for h in history] == [("DocumentSaved", "reviewer"), ("DocumentSaved", "claude")]
+        assert history[0].event.blobs == {blob_hash(b"two\n"): 4, blob_hash(b"one\n"): 4}
+
+    def test_recoverable_texts(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
+        save, blobs = saved("/src/a.py", b"before\n", b"after\n")
+        close = TabClosed(path="/src/n.md", tab_name="n.md", was_modified=True, discarded_blob=blob_hash(b"unsaved\n"))
+
+        async def work() -> list[int]:
+            positions = await writer.finish(record("saveDocument"), None, "ok", events=[save], blobs=blobs)
+            return positions + await writer.finish(
+                record("close_tab"), None, "ok", events=[close], blobs={blob_hash(b"unsaved\n"): b"unsaved\n"}
+            )
+
+        save_at, close_at = anyio.run(work)
+        reader = read()
+        assert recoverable(reader, reader.event_at(save_at)).content == b"before\n"
+        found = recoverable(reader, reader.event_by_id(reader.event_at(close_at).event_id))
+        assert (found.path, found.content) == ("/src/n.md", b"unsaved\n")
+        with pytest.raises(NoSuchEvent):
+            reader.event_at(close_at + 1)
