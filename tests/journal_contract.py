@@ -261,7 +261,9 @@ class JournalContract:
 
         async def work() -> None:
             await writer.finish(record("saveDocument"), None, "ok", events=[first], blobs=blobs_first)
-            await writer.finish(record("saveDocument", caller=REVIEWER), None, "ok", events=[second], blobs=blobs_second)
+            await writer.finish(
+                record("saveDocument", caller=REVIEWER), None, "ok", events=[second], blobs=blobs_second
+            )
             await writer.finish(record("saveDocument"), None, "ok", events=[other], blobs=blobs_other)
             await writer.finish(record("saveDocument", {"filePath": "rel"}), None, "rejected", error="filePath: ...")
             await writer.finish(record("search"), None, "ok")
@@ -275,7 +277,10 @@ class JournalContract:
         path_a = list(reader.audit(AuditQuery(paths=file_streams("/src/a.py"))))
         assert [e.events[0].data["written_blob"] for e in path_a] == [blob_hash(b"two\n"), blob_hash(b"one\n")]
         history = reader.history("/src/a.py")
-        assert [(h.event.type, h.agent) for h in history] == [("DocumentSaved", "reviewer"), ("DocumentSaved", "claude")]
+        assert [(h.event.type, h.agent) for h in history] == [
+            ("DocumentSaved", "reviewer"),
+            ("DocumentSaved", "claude"),
+        ]
         assert history[0].event.blobs == {blob_hash(b"two\n"): 4, blob_hash(b"one\n"): 4}
 
     def test_recoverable_texts(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:

@@ -3,6 +3,7 @@ restores and closes re-applied to a second Neovim."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -123,10 +124,7 @@ async def test_replay_memory_check_finds_nothing_in_an_intact_store_and_changes_
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in memory_journal.parent.iterdir()}
     run = cli("replay", "memory", "--check", "--journal", memory_journal)
     assert (run.code, run.err) == (0, "")
-    assert (
-        run.out
-        == f"checked the memory store against {len(OBSERVATIONS)} saved observations: no differences\n"
-    )
+    assert run.out == f"checked the memory store against {len(OBSERVATIONS)} saved observations: no differences\n"
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in memory_journal.parent.iterdir()} == before
 
 
@@ -143,9 +141,7 @@ async def test_replay_memory_check_finds_nothing_in_an_intact_store_and_changes_
         ("DROP TABLE observations", "observations: cannot be read from the live store"),
     ],
 )
-async def test_replay_memory_check_detects_a_tampered_store(
-    memory_journal: Path, sql: str, expected: str
-) -> None:
+async def test_replay_memory_check_detects_a_tampered_store(memory_journal: Path, sql: str, expected: str) -> None:
     tamper(memory_journal, sql)
     run = cli("replay", "memory", "--check", "--journal", memory_journal)
     assert run.code == 1, run.err
@@ -226,9 +222,7 @@ def test_replay_editor_restores_files_in_place(session: EditorSession, second_nv
     assert final_contents(session) == expected
 
 
-def test_replay_editor_writes_exact_bytes_and_replays_closes(
-    tmp_path: Path, second_nvim: NeovimProcess
-) -> None:
+def test_replay_editor_writes_exact_bytes_and_replays_closes(tmp_path: Path, second_nvim: NeovimProcess) -> None:
     recorded = tmp_path / "recorded"
     nvim = NeovimProcess(recorded / "nvim")
     dos, plain = recorded / "dos.txt", recorded / "plain.txt"
@@ -257,11 +251,24 @@ def test_replay_editor_writes_exact_bytes_and_replays_closes(
     assert {path: path.read_bytes() for path in (dos, plain)} == written
     assert open_buffers(second_nvim) == {os.path.realpath(dos)}  # plain.txt was closed again
     assert run.out.splitlines()[2] == f"@3 close {os.path.realpath(plain)}"
+    # The replay went through the bus: each step a journaled command with its FileReplayed event.
+    audit = cli("audit", "--json", "--journal", journal)
+    replays = [json.loads(line) for line in audit.out.splitlines()][:3]
+    assert [(c["tool"], c["status"]) for c in replays] == [
+        ("replay_close", "ok"),
+        ("replay_write", "ok"),
+        ("replay_write", "ok"),
+    ]
+    assert [(e["type"], e["data"]["action"], e["data"]["from_position"]) for c in replays for e in c["events"]] == [
+        ("FileReplayed", "close", 3),
+        ("FileReplayed", "write", 2),
+        ("FileReplayed", "write", 1),
+    ]
+    again = cli("replay", "editor", "--dry-run", "--journal", journal)
+    assert again.out.splitlines()[-1].startswith("3 steps")  # a replay is not replayed again
 
 
-def test_replay_editor_from_and_to(
-    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
-) -> None:
+def test_replay_editor_from_and_to(session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path) -> None:
     work = os.path.realpath(session.files["a.txt"].parent)
     first_save = session.position("DocumentSaved", "c.txt")
     out = tmp_path / "partial"
@@ -277,9 +284,7 @@ def test_replay_editor_from_and_to(
 
 def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path: Path) -> None:
     work = os.path.realpath(session.files["a.txt"].parent)
-    run = cli(
-        "replay", "editor", "--dry-run", "--map", f"{work}={tmp_path / 'out'}", "--journal", session.journal
-    )
+    run = cli("replay", "editor", "--dry-run", "--map", f"{work}={tmp_path / 'out'}", "--journal", session.journal)
     assert run.code == 0, run.err
     steps = run.out.splitlines()
     assert steps[0].startswith(f"would @1 save {tmp_path / 'out'}/a.txt")
@@ -395,9 +400,7 @@ def test_replay_editor_never_wipes_a_buffer_with_unsaved_changes(
     second_nvim.edit(b)
     second_nvim.set_lines(b, ["my unsaved work"])
     closed = session.position("TabClosed", "b.txt")
-    run = cli(
-        "replay", "editor", "--nvim", second_nvim.address, "--from", str(closed), "--journal", session.journal
-    )
+    run = cli("replay", "editor", "--nvim", second_nvim.address, "--from", str(closed), "--journal", session.journal)
     assert run.code == 2
     assert run.err == (
         f"toolbus replay: replay stopped at @{closed}: {b} has unsaved changes in this Neovim: "
