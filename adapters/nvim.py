@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,7 +36,7 @@ T = TypeVar("T")
 NvimCall = Callable[[pynvim.Nvim], T]
 
 DEFAULT_TIMEOUT = 5.0
-LUA_SOURCE = resources.files("adapters").joinpath("nvim.lua").read_text()
+LUA_SOURCE = resources.files("toolbus.adapters").joinpath("nvim.lua").read_text()
 # Versioned by content, so toolbus processes of different versions can share one Neovim.
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
 _LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)()"
@@ -83,14 +82,30 @@ def discover_sockets(env: Mapping[str, str]) -> str | None:
 
 
 def _socket_candidates(env: Mapping[str, str]) -> list[str]:
-    # Neovim's default server address is stdpath('run')/nvim.<pid>.0: $XDG_RUNTIME_DIR,
-    # or a private directory under the temp dir.
-    user = env.get("USER") or env.get("LOGNAME") or str(os.getuid())
-    patterns = [os.path.join(tempfile.gettempdir(), f"nvim.{user}", "*", "nvim.*.0")]
+    # Neovim's default server address is stdpath('run')/nvim.<pid>.0: $XDG_RUNTIME_DIR, or a
+    # private folder `nvim.<login name>/<random>` in the first temp dir that exists ($TMPDIR,
+    # then /tmp).
+    private = [os.path.join(glob.escape(os.path.join(tmp, f"nvim.{_login_name()}")), "*") for tmp in _temp_dirs(env)]
     if runtime := env.get("XDG_RUNTIME_DIR"):
-        patterns.insert(0, os.path.join(runtime, "nvim.*.0"))
-    found = [path for pattern in patterns for path in glob.glob(pattern)]
-    return sorted(found, key=_mtime, reverse=True)
+        private.insert(0, glob.escape(runtime))
+    found = [path for folder in private for path in glob.glob(os.path.join(folder, "nvim.*.0"))]
+    return sorted(dict.fromkeys(found), key=_mtime, reverse=True)
+
+
+def _login_name() -> str:
+    """The name Neovim gives its temp folder: the password database's, never $USER (unset in
+    containers and CI); the numeric uid when there is none. Slashes become `_`, as Neovim does."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        name = ""
+    return (name or str(os.getuid()))[:39].replace("/", "_").replace("\\", "_")
+
+
+def _temp_dirs(env: Mapping[str, str]) -> list[str]:
+    return [tmp for tmp in (env.get("TMPDIR"), "/tmp") if tmp and os.path.isdir(tmp)]
 
 
 def _mtime(path: str) -> float:
