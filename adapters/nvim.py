@@ -297,6 +297,8 @@ class NvimEditor:
         self._locate = locate
         self.timeout = timeout
         self._session: _Session | None = None
+        self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
+        self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
 
     # Editor protocol
 
@@ -373,19 +375,32 @@ class NvimEditor:
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
         try:
-            return await _within(session.request(method, *args), self.timeout)
+            result = await _within(session.request(method, *args), self.timeout)
         except TimeoutError:
             session.close()
-            await self._unblock(session.address)
-            raise EditorTimeout(
-                f"Neovim at {session.address} did not answer within {self.timeout:g} s "
-                "(a prompt or a long command was blocking it; toolbus interrupted it). "
-                "The request may still run once Neovim is free; check, then try again, "
-                "or raise --nvim-timeout if Neovim is just slow"
-            ) from None
+            raise self._timed_out(session.address) from None
         except OSError as error:
             session.close()
             raise _unreachable(session.address, error) from None
+        self.stuck.discard(session.address)  # it answers again (or was restarted)
+        return result
+
+    def _timed_out(self, address: str) -> EditorTimeout:
+        """The timeout error, answered at once; unblocking Neovim goes on in the background."""
+        waited = f"Neovim at {address} did not answer within {self.timeout:g} s"
+        if address in self.stuck:
+            return EditorTimeout(
+                f"{waited}: it is stuck in a loop that cannot be interrupted (a Lua loop ignores <C-c>), "
+                "so toolbus no longer tries. Restart that Neovim, then try again"
+            )
+        task = asyncio.get_running_loop().create_task(self._unblock(address))
+        self._interrupts.add(task)
+        task.add_done_callback(self._interrupts.discard)
+        return EditorTimeout(
+            f"{waited} (a prompt or a long command is blocking it; toolbus is interrupting it). "
+            "The request may still run once Neovim is free; check, then try again, "
+            "or raise --nvim-timeout if Neovim is just slow"
+        )
 
     async def _unblock(self, address: str) -> None:
         """From fresh connections: dismiss a prompt, or interrupt a long-running command."""
@@ -398,11 +413,24 @@ class NvimEditor:
         else:
             return
         if await _ask(address, "nvim_input", keys, timeout=1.0) is None:
-            log.warning("could not interrupt Neovim at %s", address)
+            # Not even the interrupt was read: nothing toolbus sends will reach it.
+            log.warning("Neovim at %s cannot be interrupted; not trying again until it answers", address)
+            self.stuck.add(address)
+
+    @property
+    def pending_interrupts(self) -> int:
+        return len(self._interrupts)
+
+    async def settle(self) -> None:
+        """Wait for the interrupts under way (tests, and a clean stop)."""
+        while self._interrupts:
+            await asyncio.gather(*self._interrupts, return_exceptions=True)
 
     def disconnect(self) -> None:
         if self._session is not None:
             self._session.close()
+        for task in self._interrupts:
+            task.cancel()
 
 
 _LUA_CALLS: dict[str, str] = {}
