@@ -4,8 +4,19 @@
 local M = {}
 local api = vim.api
 
+-- A path as the file system resolves it: symlinks resolved in every part that exists, so a
+-- file not created yet still gets its folder's real name (as os.path.realpath does).
 local function normalise(name)
-  return vim.uv.fs_realpath(name) or vim.fs.normalize(name)
+  local real = vim.uv.fs_realpath(name)
+  if real then
+    return real
+  end
+  name = vim.fs.normalize(name)
+  local folder = vim.fs.dirname(name)
+  if folder == name then
+    return name
+  end
+  return vim.fs.joinpath(normalise(folder), vim.fs.basename(name))
 end
 
 local function read_file(name)
@@ -133,16 +144,17 @@ end
 function M.save(path)
   local buf = find_open(path)
   if not buf then
-    return { status = 'not_open' }
+    return { status = 'not_open', path = normalise(path) }
   end
   local name = api.nvim_buf_get_name(buf)
+  local resolved = normalise(name)
   local ok, changed, reloaded = pcall(check_disk, buf)
   if not ok then
-    return { status = 'vim_error', message = changed }
+    return { status = 'vim_error', path = resolved, message = changed }
   end
   if vim.b[buf].toolbus_disk_conflict then
     if vim.bo[buf].modified then
-      return { status = 'conflict' }
+      return { status = 'conflict', path = resolved }
     end
     -- The user undid their edits: the disk version wins, as for any unmodified buffer.
     -- (Vim was told of the change already, so :write would now prompt instead.)
@@ -157,12 +169,12 @@ function M.save(path)
     vim.cmd('silent write')
   end)
   if not written then
-    return { status = 'vim_error', message = err }
+    return { status = 'vim_error', path = resolved, message = err }
   end
   if vim.bo[buf].modified then
-    return { status = 'vim_error', message = 'the buffer is still modified after :write' }
+    return { status = 'vim_error', path = resolved, message = 'the buffer is still modified after :write' }
   end
-  return { status = 'saved', before = before, after = read_file(name), changed = changed, reloaded = reloaded }
+  return { status = 'saved', path = resolved, before = before, after = read_file(name), changed = changed, reloaded = reloaded }
 end
 
 -- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
@@ -196,7 +208,7 @@ function M.find_tab(tab_name, path)
     status = 'found',
     buffer = buf,
     tick = api.nvim_buf_get_changedtick(buf),
-    path = names[1],
+    path = normalise(names[1]),
     modified = modified,
     discarded = modified and buffer_text(buf) or vim.NIL,
   }

@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -83,14 +82,30 @@ def discover_sockets(env: Mapping[str, str]) -> str | None:
 
 
 def _socket_candidates(env: Mapping[str, str]) -> list[str]:
-    # Neovim's default server address is stdpath('run')/nvim.<pid>.0: $XDG_RUNTIME_DIR,
-    # or a private directory under the temp dir.
-    user = env.get("USER") or env.get("LOGNAME") or str(os.getuid())
-    patterns = [os.path.join(tempfile.gettempdir(), f"nvim.{user}", "*", "nvim.*.0")]
+    # Neovim's default server address is stdpath('run')/nvim.<pid>.0: $XDG_RUNTIME_DIR, or a
+    # private folder `nvim.<login name>/<random>` in the first temp dir that exists ($TMPDIR,
+    # then /tmp).
+    private = [os.path.join(glob.escape(os.path.join(tmp, f"nvim.{_login_name()}")), "*") for tmp in _temp_dirs(env)]
     if runtime := env.get("XDG_RUNTIME_DIR"):
-        patterns.insert(0, os.path.join(runtime, "nvim.*.0"))
-    found = [path for pattern in patterns for path in glob.glob(pattern)]
-    return sorted(found, key=_mtime, reverse=True)
+        private.insert(0, glob.escape(runtime))
+    found = [path for folder in private for path in glob.glob(os.path.join(folder, "nvim.*.0"))]
+    return sorted(dict.fromkeys(found), key=_mtime, reverse=True)
+
+
+def _login_name() -> str:
+    """The name Neovim gives its temp folder: the password database's, never $USER (unset in
+    containers and CI); the numeric uid when there is none. Slashes become `_`, as Neovim does."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        name = ""
+    return (name or str(os.getuid()))[:39].replace("/", "_").replace("\\", "_")
+
+
+def _temp_dirs(env: Mapping[str, str]) -> list[str]:
+    return [tmp for tmp in (env.get("TMPDIR"), "/tmp") if tmp and os.path.isdir(tmp)]
 
 
 def _mtime(path: str) -> float:
@@ -271,6 +286,8 @@ class NvimEditor:
         self._locate = locate
         self.timeout = timeout
         self._session: _Session | None = None
+        self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
+        self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
 
     # Editor protocol
 
@@ -347,19 +364,32 @@ class NvimEditor:
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
         try:
-            return await _within(session.request(method, *args), self.timeout)
+            result = await _within(session.request(method, *args), self.timeout)
         except TimeoutError:
             session.close()
-            await self._unblock(session.address)
-            raise EditorTimeout(
-                f"Neovim at {session.address} did not answer within {self.timeout:g} s "
-                "(a prompt or a long command was blocking it; toolbus interrupted it). "
-                "The request may still run once Neovim is free; check, then try again, "
-                "or raise --nvim-timeout if Neovim is just slow"
-            ) from None
+            raise self._timed_out(session.address) from None
         except OSError as error:
             session.close()
             raise _unreachable(session.address, error) from None
+        self.stuck.discard(session.address)  # it answers again (or was restarted)
+        return result
+
+    def _timed_out(self, address: str) -> EditorTimeout:
+        """The timeout error, answered at once; unblocking Neovim goes on in the background."""
+        waited = f"Neovim at {address} did not answer within {self.timeout:g} s"
+        if address in self.stuck:
+            return EditorTimeout(
+                f"{waited}: it is stuck in a loop that cannot be interrupted (a Lua loop ignores <C-c>), "
+                "so toolbus no longer tries. Restart that Neovim, then try again"
+            )
+        task = asyncio.get_running_loop().create_task(self._unblock(address))
+        self._interrupts.add(task)
+        task.add_done_callback(self._interrupts.discard)
+        return EditorTimeout(
+            f"{waited} (a prompt or a long command is blocking it; toolbus is interrupting it). "
+            "The request may still run once Neovim is free; check, then try again, "
+            "or raise --nvim-timeout if Neovim is just slow"
+        )
 
     async def _unblock(self, address: str) -> None:
         """From fresh connections: dismiss a prompt, or interrupt a long-running command."""
@@ -372,11 +402,24 @@ class NvimEditor:
         else:
             return
         if await _ask(address, "nvim_input", keys, timeout=1.0) is None:
-            log.warning("could not interrupt Neovim at %s", address)
+            # Not even the interrupt was read: nothing toolbus sends will reach it.
+            log.warning("Neovim at %s cannot be interrupted; not trying again until it answers", address)
+            self.stuck.add(address)
+
+    @property
+    def pending_interrupts(self) -> int:
+        return len(self._interrupts)
+
+    async def settle(self) -> None:
+        """Wait for the interrupts under way (tests, and a clean stop)."""
+        while self._interrupts:
+            await asyncio.gather(*self._interrupts, return_exceptions=True)
 
     def disconnect(self) -> None:
         if self._session is not None:
             self._session.close()
+        for task in self._interrupts:
+            task.cancel()
 
 
 _LUA_CALLS: dict[str, str] = {}

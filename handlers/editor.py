@@ -81,8 +81,8 @@ async def check_document_dirty(
 
 
 async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> SaveResult:
-    path = expand(command.filePath)
-    outcome = await editor_of(context).save(path)
+    outcome = await editor_of(context).save(expand(command.filePath))
+    path = outcome.path  # resolved: every spelling of one file shares its history
     if outcome.status == "saved" and outcome.after is not None:
         written = blob_hash(outcome.after)
         blobs = {written: outcome.after}
@@ -117,7 +117,7 @@ async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> 
 
 async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     editor = editor_of(context)
-    expanded = os.path.expanduser(command.tab_name)
+    expanded = expand(command.tab_name)
     exact = expanded if os.path.isabs(expanded) else None
     for _ in range(WIPE_ATTEMPTS):
         match = await editor.find_tab(command.tab_name, exact)

@@ -25,6 +25,7 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What happened when Neovim was asked to write a buffer."""
 
     status: Literal["saved", "not_open", "conflict", "vim_error"]
+    path: str  # the file as Neovim resolves it (symlinks resolved): its events' stream
     message: str = ""
     before: bytes | None = None  # the file on disk just before the write (None: no file)
     after: bytes | None = None  # the file on disk just after it
@@ -38,7 +39,7 @@ class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
     status: Literal["found", "not_found", "ambiguous"]
     buffer: int = 0
     tick: int = 0  # b:changedtick when found: the wipe happens only if it is unchanged
-    path: str = ""
+    path: str = ""  # the buffer's file as Neovim resolves it (symlinks resolved)
     modified: bool = False
     discarded: bytes | None = None  # unsaved text the wipe would throw away
     candidates: list[str] = []

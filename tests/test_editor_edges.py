@@ -3,15 +3,21 @@ invalid arguments, and Neovim going away."""
 
 from __future__ import annotations
 
+import glob
+import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client
 
-from tests.conftest import JournalReader, NeovimProcess, json_of, server_params, text_of, toolbus
+from tests.conftest import NVIM, JournalReader, NeovimProcess, json_of, server_params, text_of, toolbus
+from tests.faults_helpers import wait_until
+from tests.journal_helpers import cli
 from tests.test_editor_tools import make
+from toolbus.adapters.nvim import discover_sockets
 
 pytestmark = pytest.mark.anyio
 
@@ -385,3 +391,53 @@ async def test_unsaved_text_survives_a_close_whose_commit_fails(
     assert result.is_error and "disk trouble" in text_of(result)
     assert journal.rows("SELECT content FROM blobs") == [{"content": b"precious\n"}]
     assert journal.commands("close_tab")[0]["status"] == "in_doubt"
+
+
+# --- paths as Neovim resolves them -----------------------------------------------------------
+
+
+async def test_editor_events_through_a_symlinked_directory_are_filed_under_the_resolved_path(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader, journal_path: Path
+) -> None:
+    real = make(files, "real/a.py")
+    link = files / "link"
+    link.symlink_to(files / "real")
+    nvim.edit(link / "a.py")
+    nvim.set_lines(link / "a.py", ["via link"])
+    assert json_of(await client.call_tool("saveDocument", {"filePath": str(link / "a.py")}))["saved"] is True
+    refused = json_of(await client.call_tool("saveDocument", {"filePath": str(link / "b.py")}))
+    assert refused["saved"] is False
+    assert text_of(await client.call_tool("close_tab", {"tab_name": str(link / "a.py")})) == "TAB_CLOSED"
+    resolved = os.path.realpath(real)
+    assert [(e["type"], e["data"]["path"]) for e in journal.events()] == [
+        ("DocumentSaved", resolved),
+        ("DocumentSaveRefused", os.path.join(os.path.realpath(files / "real"), "b.py")),
+        ("TabClosed", resolved),
+    ]
+    for spelling in (real, link / "a.py"):
+        run = cli("history", spelling, "--journal", journal_path, "--json")
+        assert run.code == 0, run.err
+        assert [line["event"]["type"] for line in run.json_lines()] == ["TabClosed", "DocumentSaved"]
+
+
+def test_discovery_finds_the_default_socket_without_user(tmp_path: Path) -> None:
+    """Neovim names its private temp folder after the login name in the password database,
+    even when $USER and $LOGNAME are unset (containers, CI)."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("USER", "LOGNAME", "XDG_RUNTIME_DIR", "NVIM")}
+    env |= {"TMPDIR": str(private), "XDG_STATE_HOME": str(tmp_path / "state")}
+    process = subprocess.Popen(
+        [NVIM or "nvim", "--clean", "-n", "--headless"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sockets = wait_until(lambda: glob.glob(str(private / "nvim.*" / "*" / "nvim.*.0")), timeout=20)
+        found = wait_until(lambda: discover_sockets(env), timeout=20)
+        assert found == sockets[0]
+    finally:
+        process.kill()
+        process.wait()

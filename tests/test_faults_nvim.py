@@ -7,6 +7,7 @@ are about results (an error result, a usable Neovim, a next call that works), no
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -14,6 +15,9 @@ from mcp import Client
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.faults_helpers import assert_sound, journal_state, ready
+from toolbus.adapters import nvim as nvim_adapter
+from toolbus.adapters.nvim import NvimAddress, NvimEditor
+from toolbus.bus import EditorTimeout
 
 pytestmark = pytest.mark.anyio
 
@@ -166,3 +170,71 @@ async def test_one_server_survives_a_run_of_neovim_faults(
     state = assert_sound(journal_path)
     assert len(state.commands) == calls
     assert len(state.commands_with("ok", "saveDocument")) == 3
+
+
+async def test_the_answer_does_not_wait_for_the_interrupt(
+    nvim: NeovimProcess, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller hears of the timeout at once; unblocking Neovim happens after, on its own."""
+    path = open_file(nvim, files)
+    released = anyio.Event()
+    interrupts: list[str] = []
+
+    async def slow_ask(address: str, method: str, *args: Any, timeout: float) -> Any:
+        interrupts.append(method)
+        await released.wait()  # an interrupt that takes as long as it takes
+        return None
+
+    monkeypatch.setattr(nvim_adapter, "_ask", slow_ask)
+    editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=0.5)
+    nvim.call(lambda n: n.command("lua while true do end", async_=True))  # busy for good
+    try:
+        with anyio.fail_after(GENEROUS):
+            with pytest.raises(EditorTimeout, match="did not answer"):
+                await editor.is_dirty(str(path))
+            released.set()
+            await editor.settle()
+        assert interrupts[:1] == ["nvim_get_mode"]
+    finally:
+        editor.disconnect()
+
+
+async def test_a_neovim_stuck_in_a_lua_loop_is_reported_and_not_interrupted_again(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    path = open_file(nvim, files)
+    nvim.call(lambda n: n.command("lua while true do end", async_=True))  # <C-c> cannot stop it
+    with anyio.fail_after(GENEROUS * 2):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            messages = []
+            for _ in range(6):
+                result = await client.call_tool("checkDocumentDirty", {"filePath": str(path)})
+                assert result.is_error and "did not answer" in text_of(result)
+                messages.append(text_of(result))
+                if "cannot be interrupted" in messages[-1]:
+                    break
+            assert "cannot be interrupted" in messages[-1] and "restart" in messages[-1].lower()
+            assert "cannot be interrupted" not in messages[0]
+            nvim.restart()  # the user restarts it: the next call works
+            path = open_file(ready(nvim), files)
+            assert await dirty(client, path) is False
+    state = assert_sound(journal_path)
+    assert [c["status"] for c in state.commands] == ["failed"] * len(messages) + ["ok"]
+
+
+async def test_a_stuck_neovim_is_sent_no_more_interrupts(nvim: NeovimProcess, files: Path) -> None:
+    path = open_file(nvim, files)
+    nvim.call(lambda n: n.command("lua while true do end", async_=True))
+    editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=0.5)
+    try:
+        with anyio.fail_after(GENEROUS):
+            with pytest.raises(EditorTimeout, match="did not answer") as first:
+                await editor.is_dirty(str(path))
+            assert "cannot be interrupted" not in str(first.value)
+            await editor.settle()  # the interrupt was tried, and failed
+            assert nvim.address in editor.stuck
+            with pytest.raises(EditorTimeout, match="cannot be interrupted"):
+                await editor.is_dirty(str(path))
+            assert editor.pending_interrupts == 0  # nothing more sent its way
+    finally:
+        editor.disconnect()
