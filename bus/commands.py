@@ -191,6 +191,10 @@ class SaveObservation(Command, frozen=True, kw_only=True):
             raise ValueError(f"extra fields: expected at most {MAX_TEXT_BYTES} bytes of JSON in all")
 
 
+# One JSON type per schema node (`anyOf` for two): strict clients reject a list-valued `type`.
+_DATE_TYPES: list[dict[str, Any]] = [{"type": "string"}, {"type": "integer"}]
+
+
 class SearchObservations(Command, frozen=True, kw_only=True):
     tool = "search"
     description = (
@@ -212,8 +216,8 @@ class SearchObservations(Command, frozen=True, kw_only=True):
             "offset": {"type": "integer", "minimum": 0, "description": "Rows to skip (default 0)"},
             "project": {"type": "string", "description": "Only this project"},
             "type": {"type": "string", "description": "Observation type, or a comma list of types"},
-            "dateStart": {"type": ["string", "integer"], "description": "From this ISO date or epoch ms"},
-            "dateEnd": {"type": ["string", "integer"], "description": "Up to this ISO date or epoch ms"},
+            "dateStart": {"anyOf": _DATE_TYPES, "description": "From this ISO date or epoch ms"},
+            "dateEnd": {"anyOf": _DATE_TYPES, "description": "Up to this ISO date or epoch ms"},
             "orderBy": {"type": "string", "enum": list(get_args(OrderBy))},
         },
     }

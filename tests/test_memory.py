@@ -88,6 +88,25 @@ async def test_memory_tools_are_listed_and_save_has_the_seed_schema(journal_path
     assert len(tools["save"].input_schema["properties"]) == 10
 
 
+async def test_no_tool_schema_gives_a_field_more_than_one_type(journal_path: Path) -> None:
+    """Strict clients refuse `"type": [...]`; two accepted types are an `anyOf` of one each."""
+    async with toolbus(journal_path, None) as client:
+        tools = (await client.list_tools()).tools
+    listed = [(f"{tool.name}{path}", node) for tool in tools for path, node in schema_nodes(tool.input_schema)]
+    assert [where for where, node in listed if isinstance(node.get("type"), list)] == []
+    [date_start] = [node for where, node in listed if where == "search.properties.dateStart"]
+    assert date_start["anyOf"] == [{"type": "string"}, {"type": "integer"}]
+
+
+def schema_nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every object in a JSON schema, with where it is."""
+    if isinstance(node, list):
+        return [found for i, item in enumerate(node) for found in schema_nodes(item, f"{path}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    return [(path, node), *(found for key, value in node.items() for found in schema_nodes(value, f"{path}.{key}"))]
+
+
 async def test_save_stores_what_was_sent_and_answers_with_its_id(
     journal_path: Path, journal: JournalReader, mode: str
 ) -> None:
