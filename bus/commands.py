@@ -19,6 +19,10 @@ OrderBy = Literal["relevance", "date_desc", "date_asc"]
 MAX_TEXT_BYTES = 1_000_000
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_BYTES)]
 ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
+# What an SQLite INTEGER holds: a larger number is an invalid argument, not an OverflowError
+# deep in a query.
+SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
+SqliteInt = Annotated[int, msgspec.Meta(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)]
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True):
@@ -227,8 +231,8 @@ class SearchObservations(Command, frozen=True, kw_only=True):
     offset: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
     project: ShortText | None = None
     type: ShortText | None = None
-    dateStart: ShortText | int | None = None
-    dateEnd: ShortText | int | None = None
+    dateStart: ShortText | SqliteInt | None = None
+    dateEnd: ShortText | SqliteInt | None = None
     orderBy: OrderBy | None = None
 
 
@@ -249,7 +253,7 @@ class Timeline(Command, frozen=True, kw_only=True):
         },
     }
 
-    anchor: int | None = None
+    anchor: SqliteInt | None = None
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     depth_before: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
     depth_after: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
@@ -271,7 +275,7 @@ class GetObservations(Command, frozen=True, kw_only=True):
         "required": ["ids"],
     }
 
-    ids: Annotated[list[int], msgspec.Meta(max_length=1000)]
+    ids: Annotated[list[SqliteInt], msgspec.Meta(max_length=1000)]
 
 
 TOOL_COMMANDS: tuple[type[Command], ...] = (
