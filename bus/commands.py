@@ -19,6 +19,10 @@ OrderBy = Literal["relevance", "date_desc", "date_asc"]
 MAX_TEXT_BYTES = 1_000_000
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_BYTES)]
 ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
+# What an SQLite INTEGER holds: a larger number is an invalid argument, not an OverflowError
+# deep in a query.
+SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
+SqliteInt = Annotated[int, msgspec.Meta(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)]
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True):
@@ -241,6 +245,10 @@ class SaveObservation(Command, frozen=True, kw_only=True):
             raise ValueError(f"extra fields: expected at most {MAX_TEXT_BYTES} bytes of JSON in all")
 
 
+# One JSON type per schema node (`anyOf` for two): strict clients reject a list-valued `type`.
+_DATE_TYPES: list[dict[str, Any]] = [{"type": "string"}, {"type": "integer"}]
+
+
 class SearchObservations(Command, frozen=True, kw_only=True):
     tool = "search"
     description = (
@@ -262,8 +270,8 @@ class SearchObservations(Command, frozen=True, kw_only=True):
             "offset": {"type": "integer", "minimum": 0, "description": "Rows to skip (default 0)"},
             "project": {"type": "string", "description": "Only this project"},
             "type": {"type": "string", "description": "Observation type, or a comma list of types"},
-            "dateStart": {"type": ["string", "integer"], "description": "From this ISO date or epoch ms"},
-            "dateEnd": {"type": ["string", "integer"], "description": "Up to this ISO date or epoch ms"},
+            "dateStart": {"anyOf": _DATE_TYPES, "description": "From this ISO date or epoch ms"},
+            "dateEnd": {"anyOf": _DATE_TYPES, "description": "Up to this ISO date or epoch ms"},
             "orderBy": {"type": "string", "enum": list(get_args(OrderBy))},
         },
     }
@@ -273,8 +281,8 @@ class SearchObservations(Command, frozen=True, kw_only=True):
     offset: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
     project: ShortText | None = None
     type: ShortText | None = None
-    dateStart: ShortText | int | None = None
-    dateEnd: ShortText | int | None = None
+    dateStart: ShortText | SqliteInt | None = None
+    dateEnd: ShortText | SqliteInt | None = None
     orderBy: OrderBy | None = None
 
 
@@ -295,7 +303,7 @@ class Timeline(Command, frozen=True, kw_only=True):
         },
     }
 
-    anchor: int | None = None
+    anchor: SqliteInt | None = None
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     depth_before: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
     depth_after: Annotated[int, msgspec.Meta(ge=0, le=100)] = 3
@@ -317,7 +325,7 @@ class GetObservations(Command, frozen=True, kw_only=True):
         "required": ["ids"],
     }
 
-    ids: Annotated[list[int], msgspec.Meta(max_length=1000)]
+    ids: Annotated[list[SqliteInt], msgspec.Meta(max_length=1000)]
 
 
 TOOL_COMMANDS: tuple[type[Command], ...] = (

@@ -21,7 +21,7 @@ from toolbus.bus import (
     SearchObservations,
     Timeline,
 )
-from toolbus.bus.commands import ObservationType
+from toolbus.bus.commands import SQLITE_INT_MAX, SQLITE_INT_MIN, ObservationType
 from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.handlers.ports import MemoryStore
 
@@ -29,6 +29,8 @@ OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
 _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _EPOCH_MS = re.compile(r"-?\d+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DAY_MS = 86_400_000
+_DATE_FORMS = "an ISO date (2025-01-31), date-time (2025-01-31T09:30:00Z) or epoch milliseconds"
 
 
 class Saved(msgspec.Struct, frozen=True):
@@ -129,21 +131,25 @@ def epoch_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool
         return value
     text = value.strip()
     if _EPOCH_MS.fullmatch(text):
-        return int(text)
+        return _epoch_ms_in_range(tool, field, int(text))
     try:
         if _DATE_ONLY.fullmatch(text):
-            moment = datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC)
-            if end_of_day:
-                return _ms(moment + timedelta(days=1)) - 1
-            return _ms(moment)
+            start = _ms(datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC))
+            # In ms, not as a datetime: the day after 9999-12-31 is past what datetime holds.
+            return start + _DAY_MS - 1 if end_of_day else start
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidArguments(
-            tool,
-            f"{field}: expected an ISO date (2025-01-31), date-time (2025-01-31T09:30:00Z) "
-            f"or epoch milliseconds, got {value!r}",
-        ) from None
+        raise InvalidArguments(tool, f"{field}: expected {_DATE_FORMS}, got {value!r}") from None
     return _ms(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
+def _epoch_ms_in_range(tool: str, field: str, value: int) -> int:
+    """Epoch ms as text gets the bound the integer form gets from its schema: SQLite's."""
+    if not SQLITE_INT_MIN <= value <= SQLITE_INT_MAX:
+        raise InvalidArguments(
+            tool, f"{field}: expected epoch milliseconds from {SQLITE_INT_MIN} to {SQLITE_INT_MAX}, got {value}"
+        )
+    return value
 
 
 def _ms(moment: datetime) -> int:

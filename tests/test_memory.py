@@ -88,6 +88,25 @@ async def test_memory_tools_are_listed_and_save_has_the_seed_schema(journal_path
     assert len(tools["save"].input_schema["properties"]) == 10
 
 
+async def test_no_tool_schema_gives_a_field_more_than_one_type(journal_path: Path) -> None:
+    """Strict clients refuse `"type": [...]`; two accepted types are an `anyOf` of one each."""
+    async with toolbus(journal_path, None) as client:
+        tools = (await client.list_tools()).tools
+    listed = [(f"{tool.name}{path}", node) for tool in tools for path, node in schema_nodes(tool.input_schema)]
+    assert [where for where, node in listed if isinstance(node.get("type"), list)] == []
+    [date_start] = [node for where, node in listed if where == "search.properties.dateStart"]
+    assert date_start["anyOf"] == [{"type": "string"}, {"type": "integer"}]
+
+
+def schema_nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every object in a JSON schema, with where it is."""
+    if isinstance(node, list):
+        return [found for i, item in enumerate(node) for found in schema_nodes(item, f"{path}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    return [(path, node), *(found for key, value in node.items() for found in schema_nodes(value, f"{path}.{key}"))]
+
+
 async def test_save_stores_what_was_sent_and_answers_with_its_id(
     journal_path: Path, journal: JournalReader, mode: str
 ) -> None:
@@ -383,6 +402,44 @@ async def test_timeline_around_an_id_and_around_a_query(journal_path: Path) -> N
         assert (await call(client, "timeline", query="nowhere"))["anchor"] is None
         result = await client.call_tool("timeline", {"depth_before": 2})
         assert result.is_error and "anchor" in text_of(result)
+
+
+TOO_BIG = 2**63  # one past what an SQLite INTEGER holds
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field", "accepts"),
+    [
+        ("timeline", {"anchor": TOO_BIG}, "anchor", "<= 9223372036854775807"),
+        ("timeline", {"anchor": -TOO_BIG - 1}, "anchor", ">= -9223372036854775808"),
+        ("timeline", {"anchor": 1, "depth_before": TOO_BIG}, "depth_before", "<= 100"),
+        ("search", {"dateStart": TOO_BIG}, "dateStart", "9223372036854775807"),
+        ("search", {"dateEnd": "9999999999999999999999999"}, "dateEnd", "9223372036854775807"),
+        ("search", {"dateStart": str(-TOO_BIG - 1)}, "dateStart", "-9223372036854775808"),
+        ("search", {"limit": TOO_BIG}, "limit", "<= 100"),
+        ("search", {"offset": TOO_BIG**2}, "offset", "<= 1000000"),
+        ("get_observations", {"ids": [1, TOO_BIG]}, "ids[1]", "<= 9223372036854775807"),
+    ],
+)
+async def test_numbers_past_sqlite_integers_are_invalid_arguments_naming_the_field(
+    journal_path: Path, journal: JournalReader, tool: str, arguments: dict[str, Any], field: str, accepts: str
+) -> None:
+    async with toolbus(journal_path, None) as client:
+        await save(client, title="t", text="x")
+        result = await client.call_tool(tool, arguments)
+        assert result.is_error
+        assert text_of(result).startswith(f"Invalid arguments for {tool}: {field}: expected ")
+        assert accepts in text_of(result)
+        assert (await call(client, "search"))["total"] == 1  # still serving, nothing changed
+    [command] = journal.commands(tool)[:1]
+    assert command["status"] == "rejected"
+    assert len(journal.events()) == 1
+
+
+async def test_the_last_day_a_date_holds_is_a_valid_bound(journal_path: Path) -> None:
+    async with toolbus(journal_path, None) as client:
+        await save(client, title="t", text="x")
+        assert (await call(client, "search", dateStart="0001-01-01", dateEnd="9999-12-31"))["total"] == 1
 
 
 async def test_get_observations_in_the_order_asked_with_missing_ids(journal_path: Path) -> None:
