@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from typing import Any, cast
@@ -64,10 +65,15 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
 async def serve_stdio(server: Server[Any]) -> None:
     from mcp.server.stdio import stdio_server
 
-    from toolbus.adapters.stdio import event_loop_stdio
+    from toolbus.adapters.answering import LineAnswerer
+    from toolbus.adapters.stdio import event_loop_stdio, threaded_stdin
 
-    async with event_loop_stdio() as streams:
-        # The SDK's own streams when stdin or stdout is not a pipe; its protocol work either way.
-        stdin, stdout = streams or (None, None)
-        async with stdio_server(cast(Any, stdin), cast(Any, stdout)) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+    answerer = LineAnswerer()
+    async with event_loop_stdio() as streams, contextlib.AsyncExitStack() as stack:
+        # The SDK's stdout when stdout is not a pipe; its protocol work either way. The lines
+        # pass through toolbus, so that a line the SDK cannot parse still gets an answer.
+        stdin, stdout = streams or (stack.enter_context(threaded_stdin()), None)
+        lines = answerer.lines(cast(Any, stdin))
+        async with stdio_server(cast(Any, lines), cast(Any, stdout)) as (read_stream, write_stream):
+            read = answerer.read(read_stream, write_stream)
+            await server.run(read, write_stream, server.create_initialization_options())

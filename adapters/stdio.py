@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import io
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import BinaryIO
 
 import anyio
@@ -204,6 +205,24 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter] | No
             await _close_writing(write, writer)
         wire_in.give_back()
         wire_out.give_back()
+
+
+@contextlib.contextmanager
+def threaded_stdin() -> Iterator[anyio.AsyncFile[str]]:
+    """stdin's lines read by a worker thread, as the SDK reads them, for when it is not a pipe.
+    Claimed as the SDK would claim it (fd 0 reads the null device meanwhile), but read here so
+    that every line passes through toolbus on its way to the SDK. Split at `\\n` only, as
+    `LineReader` splits."""
+    wire = _Wire(0)
+    # Not closed on the way out: a worker thread may still be blocked reading it (a terminal
+    # at a signal), and a closed descriptor could be recycled under it. One per process.
+    text = io.TextIOWrapper(
+        io.BufferedReader(wire.stream("rb")), encoding="utf-8", errors="replace", newline="\n"
+    )
+    try:
+        yield anyio.wrap_file(text)
+    finally:
+        wire.give_back()
 
 
 async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) -> None:

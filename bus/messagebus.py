@@ -146,6 +146,12 @@ _PLAIN_WORDS = {"str of length >= 1": "a non-empty string", "array": "an array",
 def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -> C:
     """Validate tool arguments into their command, or raise `InvalidArguments` naming the field."""
     args = dict(arguments or {})
+    if (name := _field_with_lone_surrogate(args)) is not None:
+        raise InvalidArguments(
+            command_type.tool,
+            f"{printable(name)}: expected valid Unicode text, got a lone surrogate "
+            "(half of a UTF-16 pair, as when a string is cut inside an emoji)",
+        )
     if "extra" in command_type.__struct_fields__:
         known = set(command_type.__struct_fields__)
         args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
@@ -157,6 +163,35 @@ def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -
         raise InvalidArguments(command_type.tool, _explain(command_type, str(error))) from None
     except UnicodeEncodeError:  # msgspec meets a lone surrogate where it compares or encodes text
         raise InvalidArguments(command_type.tool, "text must be valid Unicode (it holds a lone surrogate)") from None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str, a pair is one code point
+
+
+def holds_lone_surrogate(value: Any) -> bool:
+    """Whether any string in `value` (keys included, at any depth) holds a lone surrogate, which
+    no UTF-8 can carry. Iterative: the nesting depth is the client's to choose."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return False
+
+
+def _field_with_lone_surrogate(args: Mapping[str, Any]) -> str | None:
+    return next((name for name, value in args.items() if holds_lone_surrogate([name, value])), None)
+
+
+def printable(text: str) -> str:
+    """`text` safe to put in a reply: lone surrogates as `\\udXXX` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _explain(command_type: type[Command], message: str) -> str:

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -255,3 +257,87 @@ def answer(output: Path, request_id: int, deadline: float = 30) -> dict[str, Any
                 return cast(dict[str, Any], message)
         time.sleep(0.02)
     raise AssertionError(f"no answer to request {request_id} in {output}")
+
+
+# --- a line the SDK cannot parse still gets an answer (adapters/answering.py) ---------------
+
+SURROGATE_SAVE = (
+    b'{"jsonrpc":"2.0","id":5,"method":"tools/call",'
+    b'"params":{"name":"save","arguments":{"title":"\\ud83d","text":"x"}}}'
+)
+UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
+    (b"not json", {"id": None, "code": -32700}),
+    (b"[1, 2]", {"id": None, "code": -32600}),
+    (b'{"id": 3, "method": "tools/list"}', {"id": 3, "code": -32600}),  # no "jsonrpc": "2.0"
+    (b"[" * 5000, {"id": None, "code": -32700}),  # past what Python's parser nests, too
+    (b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"\\udfff"}}', {"id": 4, "code": -32600}),
+    (SURROGATE_SAVE, {"id": 5, "tool_error": "Invalid arguments for save: title: expected valid Unicode text"}),
+    (b"   ", None),  # a blank line holds no request: nothing to answer
+]
+
+
+@pytest.mark.parametrize("stdout_kind", ["pipe", "file"], ids=["event-loop", "sdk-threads"])
+def test_every_unreadable_line_is_answered_and_serving_goes_on(tmp_path: Path, stdout_kind: str) -> None:
+    journal = tmp_path / "journal.db"
+    output = tmp_path / "answers.jsonl"
+    with output.open("wb") as file:
+        server = subprocess.Popen(
+            toolbus_argv(journal),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE if stdout_kind == "pipe" else file,
+            env=clean_env(),
+            bufsize=0,  # unbuffered: select() then sees every byte not yet read
+        )
+    assert server.stdin is not None
+    received = Received(server, output)
+    try:
+        send(server.stdin, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE})
+        assert received.next()["id"] == 1
+        send(server.stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for line, expected in UNREADABLE_LINES:
+            server.stdin.write(line + b"\n")
+            server.stdin.flush()
+            if expected is not None:
+                check_answer(received.next(), expected)
+        send(server.stdin, {"jsonrpc": "2.0", "id": 9, "method": "tools/list"})
+        assert "save" in {tool["name"] for tool in received.next()["result"]["tools"]}
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        assert db.execute("SELECT tool, status FROM commands").fetchall() == [("save", "rejected")]
+
+
+INITIALIZE = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+
+
+def check_answer(message: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert message["id"] == expected["id"], message
+    if "tool_error" in expected:
+        [content] = message["result"]["content"]
+        assert message["result"]["isError"] and content["text"].startswith(expected["tool_error"]), message
+    else:
+        assert message["error"]["code"] == expected["code"], message
+
+
+class Received:
+    """The server's messages in order, from its stdout pipe or the file its stdout writes."""
+
+    def __init__(self, server: subprocess.Popen[bytes], output: Path) -> None:
+        self._pipe = server.stdout
+        self._output = output
+        self._taken = 0
+
+    def next(self, deadline: float = 30) -> dict[str, Any]:
+        if self._pipe is not None:
+            ready, _, _ = select.select([self._pipe], [], [], deadline)
+            assert ready, "no answer in time"
+            return cast(dict[str, Any], json.loads(self._pipe.readline()))
+        until = time.monotonic() + deadline
+        while time.monotonic() < until:
+            lines = self._output.read_bytes().splitlines()
+            if len(lines) > self._taken:
+                self._taken += 1
+                return cast(dict[str, Any], json.loads(lines[self._taken - 1]))
+            time.sleep(0.02)
+        raise AssertionError("no answer in time")

@@ -1,0 +1,149 @@
+"""Every line the client sends gets an answer, even one the MCP SDK cannot parse.
+
+The SDK's stdio transport parses each line with pydantic's JSON parser and, when that fails,
+hands the dispatcher an exception, which it only logs: the request is never answered and the
+agent waits for ever. Pydantic's parser refuses more than JSON does: a lone UTF-16 surrogate
+escape (`"\\ud83d"`, which JavaScript agents send when they cut a string inside an emoji) and
+nesting past 200 levels.
+
+`LineAnswerer` sits on both sides of the SDK's parser: it notes each line on its way in and,
+on the way out, pairs each parsed item with its line (the SDK yields exactly one item per line,
+in order). Good lines cost a deque append and pop; only a line the SDK refused is parsed again,
+by Python's own JSON parser, which takes both. A request recovered that way goes on to the SDK
+as if it had parsed it (so a `tools/call` reaches the bus, which rejects a lone surrogate as an
+invalid argument, and journals it); anything else is answered here with a JSON-RPC error.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import AsyncIterable, AsyncIterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp.types as types
+import pydantic
+from mcp.shared.message import SessionMessage
+
+from toolbus.bus.messagebus import holds_lone_surrogate
+
+if TYPE_CHECKING:
+    from mcp.shared._stream_protocols import ReadStream, WriteStream
+
+log = logging.getLogger("toolbus.stdio")
+
+Item = SessionMessage | Exception
+
+
+class LineAnswerer:
+    """Wraps the SDK's line source (`lines`) and the read stream it parses them into (`read`)."""
+
+    def __init__(self) -> None:
+        self._lines: collections.deque[str] = collections.deque()
+
+    async def lines(self, source: AsyncIterable[str]) -> AsyncIterator[str]:
+        async for line in source:
+            self._lines.append(line)
+            yield line
+
+    def read(self, parsed: ReadStream[Item], write: WriteStream[SessionMessage]) -> ReadStream[Item]:
+        return _AnsweredStream(parsed, write, self._lines)
+
+
+class _AnsweredStream:
+    """The SDK's read stream, with each exception (a line it could not parse) replaced by the
+    request recovered from that line, or answered here and skipped."""
+
+    def __init__(
+        self, parsed: ReadStream[Item], write: WriteStream[SessionMessage], lines: collections.deque[str]
+    ) -> None:
+        self._parsed = parsed
+        self._write = write
+        self._lines = lines
+
+    @property
+    def last_context(self) -> Any:  # the SDK runs each message in its sender's context
+        return getattr(self._parsed, "last_context", None)
+
+    async def receive(self) -> Item:
+        while True:
+            item = await self._parsed.receive()
+            line = self._lines.popleft() if self._lines else None
+            if not isinstance(item, Exception):
+                return item
+            if line is None:  # not one of ours: leave it to the SDK, which logs it
+                return item
+            answer = recover(line)
+            if isinstance(answer, SessionMessage):
+                return answer
+            if answer is not None:
+                await self._answer(answer)
+
+    async def _answer(self, error: types.JSONRPCError) -> None:
+        log.warning("answered an unreadable line with %s: %s", error.error.code, error.error.message)
+        try:
+            await self._write.send(SessionMessage(error))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            log.debug("the session ended before the answer could be sent")
+
+    def __aiter__(self) -> _AnsweredStream:
+        return self
+
+    async def __anext__(self) -> Item:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._parsed.aclose()
+
+    async def __aenter__(self) -> _AnsweredStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def recover(line: str) -> SessionMessage | types.JSONRPCError | None:
+    """What to do with a line the SDK could not parse: the message it holds after all, the
+    error that answers it, or None for a blank line (no request, nothing to answer)."""
+    if not line.strip():
+        return None
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: nested past what Python parses either
+        return _error(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
+    request_id = _request_id(value)
+    if _lone_surrogate_outside_arguments(value):  # the reply could echo it, and UTF-8 cannot
+        return _error(request_id, types.INVALID_REQUEST, "Invalid request: a lone surrogate outside tool arguments")
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(value, by_name=False))
+    except pydantic.ValidationError:
+        return _error(request_id, types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message")
+
+
+def _request_id(value: Any) -> int | str | None:
+    """The request's id when it has a usable one, so the client can match the answer."""
+    request_id = value.get("id") if isinstance(value, dict) else None
+    if isinstance(request_id, str) and holds_lone_surrogate(request_id):
+        return None
+    return request_id if isinstance(request_id, int | str) and not isinstance(request_id, bool) else None
+
+
+def _lone_surrogate_outside_arguments(value: Any) -> bool:
+    """Lone surrogates are let through only inside a `tools/call`'s arguments, where the bus
+    rejects them naming the field; anywhere else they would reach replies verbatim."""
+    params = value.get("params") if isinstance(value, dict) else None
+    if isinstance(params, dict) and value.get("method") == "tools/call":
+        value = {**value, "params": {**params, "arguments": None}}
+    return holds_lone_surrogate(value)
+
+
+def _error(request_id: int | str | None, code: int, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
