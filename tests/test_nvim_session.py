@@ -58,6 +58,7 @@ async def test_a_blocked_request_times_out_and_neovim_is_freed(nvim: NeovimProce
         with anyio.fail_after(30), pytest.raises(EditorTimeout):
             await editor.request("nvim_command", "while 1 | endwhile")  # interruptible, as Vimscript is
         with anyio.fail_after(30):
+            await editor.settle()  # the timeout is answered first; the interrupt follows in the background
             assert await editor.request("nvim_eval", "2 + 2") == 4  # interrupted, reconnected
     finally:
         editor.disconnect()
