@@ -106,7 +106,20 @@ class CloseTab(Command, frozen=True, kw_only=True):
 BlobHash = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
-class RestoreFile(Command, frozen=True, kw_only=True):
+class _RecordedFileChange(Command, frozen=True, kw_only=True):
+    """A command-line command that changes a file as a recorded event (`event`) did."""
+
+    mutates = True
+    acts_outside = True
+
+    path: ShortText
+    event: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        absolute_path("path", self.path)
+
+
+class RestoreFile(_RecordedFileChange, frozen=True, kw_only=True):
     """`toolbus recover --apply`: write a text the journal keeps back to a file. Not an MCP
     tool (it is not in `TOOL_COMMANDS`): only the command line runs it."""
 
@@ -122,19 +135,12 @@ class RestoreFile(Command, frozen=True, kw_only=True):
         },
         "required": ["path", "blob", "event"],
     }
-    mutates = True
-    acts_outside = True
 
-    path: ShortText
     blob: BlobHash
-    event: Annotated[int, msgspec.Meta(ge=1)]
     event_id: ShortText | None = None
 
-    def __post_init__(self) -> None:
-        absolute_path("path", self.path)
 
-
-class ReplayWrite(Command, frozen=True, kw_only=True):
+class ReplayWrite(_RecordedFileChange, frozen=True, kw_only=True):
     """`toolbus replay editor`: write a recorded text to a file through Neovim. Command line only."""
 
     tool = "replay_write"
@@ -149,19 +155,12 @@ class ReplayWrite(Command, frozen=True, kw_only=True):
         },
         "required": ["path", "blob", "event"],
     }
-    mutates = True
-    acts_outside = True
 
-    path: ShortText
     blob: BlobHash
-    event: Annotated[int, msgspec.Meta(ge=1)]
     known: list[BlobHash] = []
 
-    def __post_init__(self) -> None:
-        absolute_path("path", self.path)
 
-
-class ReplayClose(Command, frozen=True, kw_only=True):
+class ReplayClose(_RecordedFileChange, frozen=True, kw_only=True):
     """`toolbus replay editor`: close a file's buffer in Neovim, as a recorded close did."""
 
     tool = "replay_close"
@@ -174,14 +173,6 @@ class ReplayClose(Command, frozen=True, kw_only=True):
         },
         "required": ["path", "event"],
     }
-    mutates = True
-    acts_outside = True
-
-    path: ShortText
-    event: Annotated[int, msgspec.Meta(ge=1)]
-
-    def __post_init__(self) -> None:
-        absolute_path("path", self.path)
 
 
 # --- memory ----------------------------------------------------------------------------
