@@ -239,6 +239,11 @@ def match_expression(query: str) -> str | None:
     tokenizer splits as it split the indexed text), joined with AND. A word ending in `*` is
     a prefix.
     """
+    return " AND ".join(query_phrases(query)) or None
+
+
+def query_phrases(query: str) -> list[str]:
+    """The FTS5 strings of `query` that must all match (see `match_expression`)."""
     phrases: list[str] = []
     for term in _TERM.finditer(_clean(query)):
         if term[1] is not None:
@@ -247,7 +252,7 @@ def match_expression(query: str) -> str | None:
         for word in term[2].split(":"):  # `title:foo` is two words, not an FTS5 column filter
             if word not in _CONNECTIVES:
                 phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
-    return " AND ".join(phrases) or None
+    return phrases
 
 
 def _clean(query: str) -> str:
