@@ -211,7 +211,6 @@ _CJK_RUN = re.compile(
 _TERM = re.compile(r'"([^"]*)"|([^\s"]+)')
 # Typed between words out of search-engine habit; every word must match anyway.
 _CONNECTIVES = frozenset({"AND", "OR", "NEAR"})
-_BM25_WEIGHTS = "5.0, 1.0, 2.0"  # title, text, facts and concepts
 
 
 def searchable(text: str) -> str:
@@ -318,7 +317,6 @@ _VISIBLE = (
 )
 _NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
 _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
-_BEST_FIRST = f"bm25(observations_fts, {_BM25_WEIGHTS}), o.id DESC"
 # CROSS JOIN keeps the word index in the outer loop: a filter's index (project, time) would
 # otherwise tempt the planner into probing the word index once per row of the filter.
 _FTS_SOURCE = "observations_fts CROSS JOIN observations o ON o.id = observations_fts.rowid"
@@ -353,32 +351,66 @@ def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> 
     return where
 
 
-def _matching(query: SearchQuery, viewer: Caller) -> _Where | None:
-    """The conditions of a search with words, or None when its words can match nothing."""
-    match = match_expression(query.text or "")
-    if match is None:
+def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, str] | None:
+    """The conditions of a search with words and its best-first order, or None when its
+    words can match nothing."""
+    phrases = query_phrases(query.text or "")
+    if not phrases:
         return None
     where = _search_where(query, viewer)
-    where.add("observations_fts MATCH :match", match=match)
-    return where
+    where.add("observations_fts MATCH :match", match=" AND ".join(phrases))
+    return where, _best_first(phrases, where)
+
+
+# Relevance is a score of each observation on its own: every word or phrase of the query adds
+# the weight of the most important column it occurs in (title 5, facts and concepts 2, text 1),
+# ties newest first. FTS5's bm25 was dropped because its statistics (how many rows, their
+# average length, how many rows hold a word) count every observation, those the caller may not
+# see too: another agent's private notes changed the order of the caller's results and the
+# timeline's anchor. bm25 over the caller's visible rows alone would need per-row term
+# frequencies that only an FTS5 auxiliary function can read (Python's sqlite3 cannot register
+# one), or an index per visibility group, whose number grows with departments and agents. This
+# score needs no statistics, PostgreSQL computes it the same way (a tsquery per column), and it
+# costs less than bm25: the title and tag sets are small, and a phrase that matches in
+# neither is in the text (every phrase of a match occurs in some column), which is not looked up.
+_RANKED_COLUMNS = (("title", 5), ("tags", 2))
+_TEXT_WEIGHT = 1
+
+
+def _best_first(phrases: list[str], where: _Where) -> str:
+    """The ORDER BY of a relevance ranking of `phrases`; adds its parameters to `where`."""
+    scores = []
+    for i, phrase in enumerate(phrases):
+        cases = []
+        for column, weight in _RANKED_COLUMNS:
+            where.params[f"{column}{i}"] = f"{{{column}}} : {phrase}"
+            cases.append(f"WHEN o.id IN ({_IN_COLUMN.format(name=f'{column}{i}')}) THEN {weight}")
+        scores.append(f"CASE {' '.join(cases)} ELSE {_TEXT_WEIGHT} END")
+    return f"{' + '.join(scores)} DESC, o.id DESC"
+
+
+# Evaluated once per search (not per row): SQLite keeps the rowids in a temporary index.
+_IN_COLUMN = "SELECT rowid FROM observations_fts WHERE observations_fts MATCH :{name}"
 
 
 def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> SearchPage:
     """One page of the observations `viewer` may see that match `query`, and their total."""
     if query.text is None:
         results, total = _list(conn, query, viewer)
-    elif (where := _matching(query, viewer)) is None:
+    elif (matching := _matching(query, viewer)) is None:
         results, total = [], 0
     else:
-        results, total = _ranked(conn, query, where, viewer)
+        results, total = _ranked(conn, query, *matching, viewer)
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
 
 
-def _ranked(conn: sqlite3.Connection, query: SearchQuery, where: _Where, viewer: Caller) -> tuple[list[IndexRow], int]:
+def _ranked(
+    conn: sqlite3.Connection, query: SearchQuery, where: _Where, best_first: str, viewer: Caller
+) -> tuple[list[IndexRow], int]:
     """A search with words, in one pass: the ids of every visible match, in order, give both
     the page and the total. Joining, filtering and ranking the matches is what costs; counting
     them in a second query would pay for it twice."""
-    order = _BEST_FIRST if query.order_by == "relevance" else _date_order(query)
+    order = best_first if query.order_by == "relevance" else _date_order(query)
     sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {order}"
     ids = [row[0] for row in conn.execute(sql, where.params)]
     return _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
@@ -460,8 +492,8 @@ def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> I
         found = row.fetchone()
         return IndexRow(*found) if found else None
     best = SearchQuery(text=query.text, limit=1, project=query.project)
-    where = _matching(best, viewer)
-    found = _page(conn, _FTS_SOURCE, where, _BEST_FIRST, best) if where else []
+    matching = _matching(best, viewer)
+    found = _page(conn, _FTS_SOURCE, *matching, best) if matching else []
     return found[0] if found else None
 
 
