@@ -68,7 +68,7 @@ _TABLES = (
         PRIMARY KEY (project, type, visibility, department, agent)
     ) WITHOUT ROWID""",
     # Contentless: rowid = observations.id; the columns hold the searchable form of the title,
-    # the text, and the facts and concepts (`tags`), weighed in that order by `_BM25_WEIGHTS`.
+    # the text, and the facts and concepts (`tags`); `_RANKED_COLUMNS` weighs them in a ranking.
     "CREATE VIRTUAL TABLE observations_fts USING fts5("
     " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
 )
@@ -351,15 +351,39 @@ def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> 
     return where
 
 
-def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, str] | None:
-    """The conditions of a search with words and its best-first order, or None when its
-    words can match nothing."""
+def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[str]] | None:
+    """The conditions of a search with words and its phrases, or None when its words can
+    match nothing."""
     phrases = query_phrases(query.text or "")
     if not phrases:
         return None
     where = _search_where(query, viewer)
     where.add("observations_fts MATCH :match", match=" AND ".join(phrases))
-    return where, _best_first(phrases, where)
+    return where, phrases
+
+
+def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> SearchPage:
+    """One page of the observations `viewer` may see that match `query`, and their total."""
+    if query.text is None:
+        results, total = _list(conn, query, viewer)
+    elif (matching := _matching(query, viewer)) is None:
+        results, total = [], 0
+    else:
+        ids = _matches(conn, query, *matching)
+        results, total = _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
+    return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
+
+
+def _matches(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str]) -> list[int]:
+    """The ids of every visible match, in the order asked, in one pass: they give both the page
+    and the total. Joining and filtering the matches is what costs; counting them in a second
+    query would pay for it twice."""
+    if query.order_by != "relevance":
+        sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {_date_order(query)}"
+        return [row[0] for row in conn.execute(sql, where.params)]
+    # In the index's own order (no sort), newest first: the order among equal scores.
+    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY observations_fts.rowid DESC"
+    return _best_first(conn, [row[0] for row in conn.execute(sql, where.params)], phrases)
 
 
 # Relevance is a score of each observation on its own: every word or phrase of the query adds
@@ -370,50 +394,29 @@ def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, str] | None:
 # timeline's anchor. bm25 over the caller's visible rows alone would need per-row term
 # frequencies that only an FTS5 auxiliary function can read (Python's sqlite3 cannot register
 # one), or an index per visibility group, whose number grows with departments and agents. This
-# score needs no statistics, PostgreSQL computes it the same way (a tsquery per column), and it
-# costs less than bm25: the title and tag sets are small, and a phrase that matches in
-# neither is in the text (every phrase of a match occurs in some column), which is not looked up.
+# score needs no statistics, and PostgreSQL computes it the same way (a tsquery per column).
 _RANKED_COLUMNS = (("title", 5), ("tags", 2))
-_TEXT_WEIGHT = 1
+_TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither above, the text
+# The matches holding one phrase in one column: the index alone answers, no row is read.
+_IN_COLUMN = "SELECT rowid FROM observations_fts WHERE observations_fts MATCH ?"
 
 
-def _best_first(phrases: list[str], where: _Where) -> str:
-    """The ORDER BY of a relevance ranking of `phrases`; adds its parameters to `where`."""
-    scores = []
-    for i, phrase in enumerate(phrases):
-        cases = []
+def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[str]) -> list[int]:
+    """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
+    title or tags score above the least, and they are few; the rest keep their order. The sets
+    come from the index, hidden rows included, but are only looked up: never counted or shown."""
+    match = " AND ".join(phrases)
+    bonus: Counter[int] = Counter()
+    for phrase in phrases:
+        found: set[int] = set()  # a phrase scores its best column only
         for column, weight in _RANKED_COLUMNS:
-            where.params[f"{column}{i}"] = f"{{{column}}} : {phrase}"
-            cases.append(f"WHEN o.id IN ({_IN_COLUMN.format(name=f'{column}{i}')}) THEN {weight}")
-        scores.append(f"CASE {' '.join(cases)} ELSE {_TEXT_WEIGHT} END")
-    return f"{' + '.join(scores)} DESC, o.id DESC"
-
-
-# Evaluated once per search (not per row): SQLite keeps the rowids in a temporary index.
-_IN_COLUMN = "SELECT rowid FROM observations_fts WHERE observations_fts MATCH :{name}"
-
-
-def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> SearchPage:
-    """One page of the observations `viewer` may see that match `query`, and their total."""
-    if query.text is None:
-        results, total = _list(conn, query, viewer)
-    elif (matching := _matching(query, viewer)) is None:
-        results, total = [], 0
-    else:
-        results, total = _ranked(conn, query, *matching, viewer)
-    return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
-
-
-def _ranked(
-    conn: sqlite3.Connection, query: SearchQuery, where: _Where, best_first: str, viewer: Caller
-) -> tuple[list[IndexRow], int]:
-    """A search with words, in one pass: the ids of every visible match, in order, give both
-    the page and the total. Joining, filtering and ranking the matches is what costs; counting
-    them in a second query would pay for it twice."""
-    order = best_first if query.order_by == "relevance" else _date_order(query)
-    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {order}"
-    ids = [row[0] for row in conn.execute(sql, where.params)]
-    return _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
+            rows = conn.execute(_IN_COLUMN, (f"{{{column}}} : {phrase} AND ({match})",))
+            in_column = {row[0] for row in rows} - found
+            bonus.update(dict.fromkeys(in_column, weight - _TEXT_WEIGHT))
+            found |= in_column
+    visible = set(newest_first)
+    best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
+    return best + [i for i in newest_first if i not in bonus]
 
 
 def _index_rows(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> list[IndexRow]:
@@ -493,7 +496,7 @@ def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> I
         return IndexRow(*found) if found else None
     best = SearchQuery(text=query.text, limit=1, project=query.project)
     matching = _matching(best, viewer)
-    found = _page(conn, _FTS_SOURCE, *matching, best) if matching else []
+    found = _index_rows(conn, _matches(conn, best, *matching)[:1], viewer) if matching else []
     return found[0] if found else None
 
 
