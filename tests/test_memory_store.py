@@ -336,3 +336,70 @@ def test_a_rebuilt_store_equals_the_one_written_live(memory: Memory) -> None:
     live = _store_dump(memory)
     memory.journal.run_sync(rebuild_memory)
     assert _store_dump(memory) == live
+
+
+# --- ranking sees only what the caller may see ----------------------------------------------
+
+HIDDEN = Caller(agent="zed", department="zz")  # the owner of the notes no viewer below may see
+
+
+def _answers(memory: Memory, viewer: Caller, text: str) -> list[Any]:
+    """Everything a caller can observe of a search with words: each order's ranking, its pages
+    and total, and the timeline anchor its best match gives."""
+    answers: list[Any] = []
+    for order_by in ("relevance", "date_desc", "date_asc"):
+        answers.append(memory.search(viewer, text=text, limit=100, order_by=order_by))
+        answers.append([memory.search(viewer, text=text, limit=3, offset=o, order_by=order_by) for o in (0, 3, 6)])
+        answers.append(memory.total(viewer, text=text, limit=3, order_by=order_by))
+    return [*answers, memory.timeline(viewer, text=text, depth_before=0, depth_after=0)]
+
+
+def _hide(memory: Memory, rng: random.Random, words: list[str], count: int) -> None:
+    """Notes only HIDDEN may see, heavy in `words`, of varied lengths and columns."""
+    for i in range(count):
+        heavy = " ".join(rng.choices(words, k=rng.randint(1, 30)))
+        memory.add(
+            f"{heavy} hidden {i}",
+            JAN_1 + rng.randrange(10 * DAY_MS),
+            text=" ".join(["filler"] * rng.randint(0, 200)) + " " + heavy,
+            facts=[heavy] if i % 2 else [],
+            visibility=rng.choice(["private", "department", "secret"]),
+            agent=HIDDEN.agent,
+            department=HIDDEN.department,
+        )
+
+
+def test_notes_a_caller_may_not_see_do_not_change_its_ranking_or_anchor(memory: Memory) -> None:
+    # Under bm25 the title holding the rarer word came first, and rarity counted every note:
+    # another agent's private notes full of "alpha" put "beta" in the title first.
+    in_title_alpha = memory.add("alpha", JAN_1, text="beta", facts=["beta"])
+    in_title_beta = memory.add("beta", JAN_1 + 1, text="alpha")
+    for i in range(3):
+        memory.add(f"beta {i}", JAN_1 + 2 + i)
+    before = _answers(memory, ANYONE, "alpha beta")
+    assert before[0][:2] == [in_title_alpha, in_title_beta] and before[-1] == [in_title_alpha]
+    _hide(memory, random.Random(1), ["alpha"], 40)
+    after = _answers(memory, ANYONE, "alpha beta")
+    assert after[-1] == [in_title_alpha]  # the timeline's anchor
+    assert after[0] == before[0]
+    assert after == before
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hidden_notes_never_change_what_a_caller_observes(memory: Memory, seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(40):
+        saved = _saved(rng, i)
+        memory.add(
+            saved.title,
+            saved.created_at_epoch,
+            **{
+                name: getattr(saved, name)
+                for name in ("text", "type", "project", "facts", "concepts", "agent", "department", "visibility")
+            },
+        )
+    viewers = [ANYONE, Caller(agent="writer", department="d"), Caller(agent="x", department="e")]
+    queries = ["apple", "apple pear", '"pear plum"', "数据库 apple", "cafe fsync", "pl*", "データ"]
+    before = [_answers(memory, viewer, text) for viewer in viewers for text in queries]
+    _hide(memory, rng, ["apple", "pear", "plum", "数据库", "café", "fsync", "データ"], 60)
+    assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == before

@@ -65,7 +65,7 @@ _TABLES = (
         PRIMARY KEY (project, type, visibility, department, agent)
     ) WITHOUT ROWID""",
     # Contentless: rowid = observations.id; the columns hold the searchable form of the title,
-    # the text, and the facts and concepts (`tags`), weighed in that order by `_BM25_WEIGHTS`.
+    # the text, and the facts and concepts (`tags`); `_RANKED_COLUMNS` weighs them in a ranking.
     "CREATE VIRTUAL TABLE observations_fts USING fts5("
     " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
 )
@@ -208,7 +208,6 @@ _CJK_RUN = re.compile(
 _TERM = re.compile(r'"([^"]*)"|([^\s"]+)')
 # Typed between words out of search-engine habit; every word must match anyway.
 _CONNECTIVES = frozenset({"AND", "OR", "NEAR"})
-_BM25_WEIGHTS = "5.0, 1.0, 2.0"  # title, text, facts and concepts
 
 
 def searchable(text: str) -> str:
@@ -236,6 +235,11 @@ def match_expression(query: str) -> str | None:
     tokenizer splits as it split the indexed text), joined with AND. A word ending in `*` is
     a prefix.
     """
+    return " AND ".join(query_phrases(query)) or None
+
+
+def query_phrases(query: str) -> list[str]:
+    """The FTS5 strings of `query` that must all match (see `match_expression`)."""
     phrases: list[str] = []
     for term in _TERM.finditer(_clean(query)):
         if term[1] is not None:
@@ -244,7 +248,7 @@ def match_expression(query: str) -> str | None:
         for word in term[2].split(":"):  # `title:foo` is two words, not an FTS5 column filter
             if word not in _CONNECTIVES:
                 phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
-    return " AND ".join(phrases) or None
+    return phrases
 
 
 def _clean(query: str) -> str:
@@ -310,7 +314,6 @@ _VISIBLE = (
 )
 _NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
 _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
-_BEST_FIRST = f"bm25(observations_fts, {_BM25_WEIGHTS}), o.id DESC"
 # CROSS JOIN keeps the word index in the outer loop: a filter's index (project, time) would
 # otherwise tempt the planner into probing the word index once per row of the filter.
 _FTS_SOURCE = "observations_fts CROSS JOIN observations o ON o.id = observations_fts.rowid"
@@ -345,35 +348,72 @@ def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> 
     return where
 
 
-def _matching(query: SearchQuery, viewer: Caller) -> _Where | None:
-    """The conditions of a search with words, or None when its words can match nothing."""
-    match = match_expression(query.text or "")
-    if match is None:
+def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[str]] | None:
+    """The conditions of a search with words and its phrases, or None when its words can
+    match nothing."""
+    phrases = query_phrases(query.text or "")
+    if not phrases:
         return None
     where = _search_where(query, viewer)
-    where.add("observations_fts MATCH :match", match=match)
-    return where
+    where.add("observations_fts MATCH :match", match=" AND ".join(phrases))
+    return where, phrases
 
 
 def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) -> SearchPage:
     """One page of the observations `viewer` may see that match `query`, and their total."""
     if query.text is None:
         results, total = _list(conn, query, viewer)
-    elif (where := _matching(query, viewer)) is None:
+    elif (matching := _matching(query, viewer)) is None:
         results, total = [], 0
     else:
-        results, total = _ranked(conn, query, where, viewer)
+        ids = _matches(conn, query, *matching)
+        results, total = _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
 
 
-def _ranked(conn: sqlite3.Connection, query: SearchQuery, where: _Where, viewer: Caller) -> tuple[list[IndexRow], int]:
-    """A search with words, in one pass: the ids of every visible match, in order, give both
-    the page and the total. Joining, filtering and ranking the matches is what costs; counting
-    them in a second query would pay for it twice."""
-    order = _BEST_FIRST if query.order_by == "relevance" else _date_order(query)
-    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {order}"
-    ids = [row[0] for row in conn.execute(sql, where.params)]
-    return _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
+def _matches(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str]) -> list[int]:
+    """The ids of every visible match, in the order asked, in one pass: they give both the page
+    and the total. Joining and filtering the matches is what costs; counting them in a second
+    query would pay for it twice."""
+    if query.order_by != "relevance":
+        sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {_date_order(query)}"
+        return [row[0] for row in conn.execute(sql, where.params)]
+    # In the index's own order (no sort), newest first: the order among equal scores.
+    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY observations_fts.rowid DESC"
+    return _best_first(conn, [row[0] for row in conn.execute(sql, where.params)], phrases)
+
+
+# Relevance is a score of each observation on its own: every word or phrase of the query adds
+# the weight of the most important column it occurs in (title 5, facts and concepts 2, text 1),
+# ties newest first. FTS5's bm25 was dropped because its statistics (how many rows, their
+# average length, how many rows hold a word) count every observation, those the caller may not
+# see too: another agent's private notes changed the order of the caller's results and the
+# timeline's anchor. bm25 over the caller's visible rows alone would need per-row term
+# frequencies that only an FTS5 auxiliary function can read (Python's sqlite3 cannot register
+# one), or an index per visibility group, whose number grows with departments and agents. This
+# score needs no statistics, and PostgreSQL computes it the same way (a tsquery per column).
+_RANKED_COLUMNS = (("title", 5), ("tags", 2))
+_TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither above, the text
+# The matches holding one phrase in one column: the index alone answers, no row is read.
+_IN_COLUMN = "SELECT rowid FROM observations_fts WHERE observations_fts MATCH ?"
+
+
+def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[str]) -> list[int]:
+    """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
+    title or tags score above the least, and they are few; the rest keep their order. The sets
+    come from the index, hidden rows included, but are only looked up: never counted or shown."""
+    match = " AND ".join(phrases)
+    bonus: Counter[int] = Counter()
+    for phrase in phrases:
+        found: set[int] = set()  # a phrase scores its best column only
+        for column, weight in _RANKED_COLUMNS:
+            rows = conn.execute(_IN_COLUMN, (f"{{{column}}} : {phrase} AND ({match})",))
+            in_column = {row[0] for row in rows} - found
+            bonus.update(dict.fromkeys(in_column, weight - _TEXT_WEIGHT))
+            found |= in_column
+    visible = set(newest_first)
+    best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
+    return best + [i for i in newest_first if i not in bonus]
 
 
 def _index_rows(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> list[IndexRow]:
@@ -452,8 +492,8 @@ def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> I
         found = row.fetchone()
         return IndexRow(*found) if found else None
     best = SearchQuery(text=query.text, limit=1, project=query.project)
-    where = _matching(best, viewer)
-    found = _page(conn, _FTS_SOURCE, where, _BEST_FIRST, best) if where else []
+    matching = _matching(best, viewer)
+    found = _index_rows(conn, _matches(conn, best, *matching)[:1], viewer) if matching else []
     return found[0] if found else None
 
 
