@@ -15,7 +15,7 @@ from toolbus.bus import (
     Timeline,
 )
 from toolbus.handlers import editor, memory, restore
-from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
+from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, SaveTarget, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,
@@ -29,4 +29,4 @@ HANDLERS: dict[type[Command], Handler] = {
     RestoreFile: restore.restore_file,  # not an MCP tool: `toolbus recover --apply`
 }
 
-__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch", "Texts"]
+__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "SaveTarget", "TabMatch", "Texts"]
