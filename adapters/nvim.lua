@@ -141,7 +141,20 @@ function M.dirty(path)
   return vim.bo[buf].modified
 end
 
-function M.save(path)
+-- What a file on disk is right now, to tell later whether anything replaced it: '' if none.
+local function disk_identity(name)
+  local stat = vim.uv.fs_stat(name)
+  if not stat then
+    return ''
+  end
+  return ('%d:%d:%d:%d:%d'):format(stat.ino, stat.size, stat.mtime.sec, stat.mtime.nsec, stat.ctime.nsec)
+end
+
+-- A save, step one: find the buffer, settle a disk change without a prompt (reload an
+-- unmodified buffer; a modified one is a conflict), and return the disk text the write would
+-- replace. Nothing is written yet: toolbus keeps that text in its journal first, then calls
+-- M.write.
+function M.inspect_save(path)
   local buf = find_open(path)
   if not buf then
     return { status = 'not_open', path = normalise(path) }
@@ -164,17 +177,39 @@ function M.save(path)
     vim.b[buf].toolbus_disk_conflict = nil
     changed, reloaded = true, true
   end
-  local before = read_file(name)
+  local disk = disk_identity(name) -- before reading: a change while reading shows as a change
+  return {
+    status = 'ready',
+    path = resolved,
+    buffer = buf,
+    tick = api.nvim_buf_get_changedtick(buf),
+    disk = disk,
+    before = read_file(name),
+    changed = changed,
+    reloaded = reloaded,
+  }
+end
+
+-- A save, step two: write a buffer found by M.inspect_save, unless it or its file changed
+-- since (the text kept would not be the text replaced).
+function M.write(buf, tick, disk)
+  if not api.nvim_buf_is_valid(buf) or api.nvim_buf_get_changedtick(buf) ~= tick then
+    return { status = 'changed' }
+  end
+  local name = api.nvim_buf_get_name(buf)
+  if disk_identity(name) ~= disk then
+    return { status = 'changed' }
+  end
   local written, err = pcall(api.nvim_buf_call, buf, function()
     vim.cmd('silent write')
   end)
   if not written then
-    return { status = 'vim_error', path = resolved, message = err }
+    return { status = 'vim_error', message = err }
   end
   if vim.bo[buf].modified then
-    return { status = 'vim_error', path = resolved, message = 'the buffer is still modified after :write' }
+    return { status = 'vim_error', message = 'the buffer is still modified after :write' }
   end
-  return { status = 'saved', path = resolved, before = before, after = read_file(name), changed = changed, reloaded = reloaded }
+  return { status = 'saved', after = read_file(name) }
 end
 
 -- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,

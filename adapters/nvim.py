@@ -28,7 +28,7 @@ import msgspec
 import pynvim
 
 from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable
-from toolbus.handlers.ports import FileClosed, FileReplaced, OpenEditor, SaveOutcome, TabMatch
+from toolbus.handlers.ports import FileClosed, FileReplaced, OpenEditor, SaveOutcome, SaveTarget, TabMatch
 
 log = logging.getLogger("toolbus.nvim")
 
@@ -299,8 +299,12 @@ class NvimEditor:
         result = await self._lua("dirty", path)
         return None if result is None else bool(result)
 
-    async def save(self, path: str) -> SaveOutcome:
-        return msgspec.convert(_to_bytes(await self._lua("save", path), ("before", "after")), SaveOutcome)
+    async def inspect_save(self, path: str) -> SaveTarget:
+        return msgspec.convert(_to_bytes(await self._lua("inspect_save", path), ("before",)), SaveTarget)
+
+    async def write(self, target: SaveTarget) -> SaveOutcome:
+        result = await self._lua("write", target.buffer, target.tick, target.disk)
+        return msgspec.convert(_to_bytes(result, ("after",)), SaveOutcome)
 
     async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
         return msgspec.convert(_to_bytes(await self._lua("find_tab", tab_name, path), ("discarded",)), TabMatch)

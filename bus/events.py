@@ -61,7 +61,7 @@ class DocumentSaved(FileEvent, frozen=True, kw_only=True, tag="DocumentSaved"):
 class DocumentSaveRefused(FileEvent, frozen=True, kw_only=True, tag="DocumentSaveRefused"):
     """A save that wrote nothing: the document was not open, a conflict, or a Vim error."""
 
-    reason: Literal["not_open", "conflict", "vim_error"]
+    reason: Literal["not_open", "conflict", "vim_error", "busy"]  # busy: kept changing while being saved
     message: str
 
 

@@ -17,7 +17,7 @@ from toolbus.bus import (
     Timeline,
 )
 from toolbus.handlers import editor, memory, replay, restore
-from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, TabMatch, Texts
+from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, SaveTarget, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,
@@ -34,4 +34,4 @@ HANDLERS: dict[type[Command], Handler] = {
     ReplayClose: replay.replay_close,
 }
 
-__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "TabMatch", "Texts"]
+__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "SaveTarget", "TabMatch", "Texts"]

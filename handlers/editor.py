@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -13,21 +13,30 @@ from toolbus.bus import (
     CloseTab,
     DocumentSaved,
     DocumentSaveRefused,
+    EditorLost,
+    EditorTimeout,
     GetOpenEditors,
     HandlerContext,
+    JournalUnavailable,
     SaveDocument,
     TabClosed,
     TabCloseSkipped,
     blob_hash,
 )
-from toolbus.handlers.ports import Editor, OpenEditor
+from toolbus.handlers.ports import Editor, OpenEditor, SaveOutcome, SaveTarget
 
+Refusal = Literal["not_open", "conflict", "vim_error", "busy"]  # why a save wrote nothing
 TAB_CLOSED = "TAB_CLOSED"
 WIPE_ATTEMPTS = 3
+WRITE_ATTEMPTS = 3
 SAVED = "Document saved successfully"
 CONFLICT = (
     "Failed to save: the file changed on disk since Neovim read it, and the buffer has unsaved changes. "
     "Nothing was written: both versions are intact. Reload or merge in Neovim, then save again"
+)
+BUSY = (
+    "Failed to save: the buffer or its file kept changing while toolbus was saving it. "
+    "Nothing was written; try again"
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
@@ -81,36 +90,81 @@ async def check_document_dirty(
 
 
 async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> SaveResult:
-    outcome = await editor_of(context).save(expand(command.filePath))
-    path = outcome.path  # resolved: every spelling of one file shares its history
-    if outcome.status == "saved" and outcome.after is not None:
-        written = blob_hash(outcome.after)
-        blobs = {written: outcome.after}
-        replaced = None
-        if outcome.before is not None:
-            replaced = blob_hash(outcome.before)
-            blobs[replaced] = outcome.before
-        await context.commit(
-            DocumentSaved(
-                path=path,
-                written_blob=written,
-                bytes_written=len(outcome.after),
-                replaced_blob=replaced,
-                disk_changed=outcome.changed,
-                reloaded=outcome.reloaded,
-            ),
-            blobs=blobs,
-        )
-        return SaveResult(success=True, filePath=command.filePath, saved=True, message=SAVED)
-    if outcome.status == "not_open":
+    editor = editor_of(context)
+    path = expand(command.filePath)
+    for _ in range(WRITE_ATTEMPTS):
+        target = await editor.inspect_save(path)
+        if target.status != "ready":
+            return await _refuse(command, context, target.path, target.status, target.message)
+        replaced = await _keep_replaced(context, target)
+        outcome = await _write(editor, target)
+        if outcome.status == "saved" and outcome.after is not None:
+            await _commit_saved(context, target, outcome.after, replaced)
+            return SaveResult(success=True, filePath=command.filePath, saved=True, message=SAVED)
+        if outcome.status == "saved":  # written, but the file could not be read back
+            message = "the file could not be read back after :write; check it on disk"
+            return await _refuse(command, context, target.path, "vim_error", message)
+        if outcome.status == "vim_error":
+            return await _refuse(command, context, target.path, "vim_error", outcome.message)
+    # The user kept typing, or the file kept changing: leave both alone rather than chase them.
+    return await _refuse(command, context, target.path, "busy", "")
+
+
+async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
+    """The disk text the write will replace, durable before the write: a save is never a loss."""
+    if target.before is None:
+        return None
+    replaced = blob_hash(target.before)
+    try:
+        await context.keep({replaced: target.before})
+    except JournalUnavailable as error:
+        raise JournalUnavailable(f"{error}. Nothing was written: {target.path} is unchanged") from error
+    return replaced
+
+
+async def _write(editor: Editor, target: SaveTarget) -> SaveOutcome:
+    try:
+        return await editor.write(target)
+    except (EditorTimeout, EditorLost) as error:
+        raise type(error)(
+            f"{error}. The save's outcome is unknown: {target.path} may have been written; "
+            "the text it would replace is kept in the journal (toolbus history, toolbus recover)"
+        ) from error
+
+
+async def _commit_saved(
+    context: HandlerContext[Any], target: SaveTarget, after: bytes, replaced: str | None
+) -> None:
+    written = blob_hash(after)
+    blobs = {written: after} | ({replaced: target.before} if replaced and target.before is not None else {})
+    event = DocumentSaved(
+        path=target.path,
+        written_blob=written,
+        bytes_written=len(after),
+        replaced_blob=replaced,
+        disk_changed=target.changed,
+        reloaded=target.reloaded,
+    )
+    try:
+        await context.commit(event, blobs=blobs)
+    except JournalUnavailable as error:  # the command stays in_doubt: it did act
+        kept = " The text it replaced is kept in the journal (toolbus recover)." if replaced else ""
+        raise JournalUnavailable(
+            f"{target.path} was written, but the journal could not record the save: {error}.{kept}"
+        ) from error
+
+
+async def _refuse(
+    command: SaveDocument, context: HandlerContext[Any], path: str, reason: Refusal, detail: str
+) -> SaveResult:
+    if reason == "not_open":
         message = f"Document not open: {command.filePath}"
-    elif outcome.status == "conflict":
+    elif reason == "conflict":
         message = CONFLICT
-    elif outcome.status == "saved":  # written, but the file could not be read back
-        message = "Failed to save: the file could not be read back after :write; check it on disk"
+    elif reason == "busy":
+        message = BUSY
     else:
-        message = f"Failed to save: {vim_error(outcome.message)}"
-    reason = "vim_error" if outcome.status == "saved" else outcome.status
+        message = f"Failed to save: {vim_error(detail)}"
     await context.commit(DocumentSaveRefused(path=path, reason=reason, message=message))
     return SaveResult(success=False, filePath=command.filePath, saved=False, message=message)
 

@@ -21,16 +21,26 @@ class OpenEditor(msgspec.Struct, frozen=True):
     isDirty: bool
 
 
-class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What happened when Neovim was asked to write a buffer."""
+class SaveTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """The buffer a save would write (inspected, not yet written), or why there is none."""
 
-    status: Literal["saved", "not_open", "conflict", "vim_error"]
+    status: Literal["ready", "not_open", "conflict", "vim_error"]
     path: str  # the file as Neovim resolves it (symlinks resolved): its events' stream
     message: str = ""
-    before: bytes | None = None  # the file on disk just before the write (None: no file)
-    after: bytes | None = None  # the file on disk just after it
+    buffer: int = 0
+    tick: int = 0  # b:changedtick when inspected: the write happens only if it is unchanged
+    disk: str = ""  # the file's identity when inspected ('' none): likewise
+    before: bytes | None = None  # the file on disk the write would replace (None: no file)
     changed: bool = False  # the file had changed on disk since Neovim read it
     reloaded: bool = False  # ...and the unmodified buffer was reloaded first
+
+
+class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What happened when Neovim was asked to write an inspected buffer."""
+
+    status: Literal["saved", "changed", "vim_error"]  # changed: since inspected; nothing written
+    message: str = ""
+    after: bytes | None = None  # the file on disk just after the write
 
 
 class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,7 +76,14 @@ class Editor(Protocol):
         """True/False for an open document, None when it is not open."""
         ...
 
-    async def save(self, path: str) -> SaveOutcome: ...
+    async def inspect_save(self, path: str) -> SaveTarget:
+        """Settle a disk change under the buffer of `path` (no prompt), and read what a save
+        would replace. Writes nothing."""
+        ...
+
+    async def write(self, target: SaveTarget) -> SaveOutcome:
+        """Write an inspected buffer, unless it or its file changed since."""
+        ...
 
     async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
         """The one open buffer named exactly `path`, else the one ending in `/tab_name`."""

@@ -441,3 +441,44 @@ def test_discovery_finds_the_default_socket_without_user(tmp_path: Path) -> None
     finally:
         process.kill()
         process.wait()
+
+
+# --- a save is told as it happened -----------------------------------------------------------
+
+
+def refuse_inserts(journal_path: Path, table: str, when: str = "1") -> None:
+    """The journal's disk fails for these rows, as a full disk would."""
+    with sqlite3.connect(journal_path) as conn:
+        conn.execute(
+            f"CREATE TRIGGER refuse_{table} BEFORE INSERT ON {table} WHEN {when}"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END"
+        )
+
+
+async def test_a_save_whose_replaced_text_cannot_be_kept_writes_nothing(
+    client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py", "on disk\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["in the buffer"])
+    await client.call_tool("getOpenEditors", {})  # the journal exists from here on
+    refuse_inserts(journal_path, "blobs")
+    result = await client.call_tool("saveDocument", {"filePath": str(path)})
+    assert result.is_error and "disk trouble" in text_of(result) and "Nothing was written" in text_of(result)
+    assert path.read_text() == "on disk\n" and nvim.modified(path)
+    assert journal.commands("saveDocument")[0]["status"] == "failed"
+
+
+async def test_a_save_whose_outcome_cannot_be_committed_says_it_was_written(
+    client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
+) -> None:
+    path = make(files, "a.py", "on disk\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["in the buffer"])
+    await client.call_tool("getOpenEditors", {})
+    refuse_inserts(journal_path, "events", "NEW.type = 'DocumentSaved'")
+    result = await client.call_tool("saveDocument", {"filePath": str(path)})
+    assert result.is_error and "was written, but the journal could not record" in text_of(result)
+    assert path.read_text() == "in the buffer\n"
+    assert journal.rows("SELECT content FROM blobs") == [{"content": b"on disk\n"}]  # replaced text kept
+    assert journal.commands("saveDocument")[0]["status"] == "in_doubt"

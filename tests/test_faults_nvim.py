@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
-from tests.faults_helpers import assert_sound, journal_state, ready
+from tests.faults_helpers import assert_sound, journal_state, ready, rows
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
 from toolbus.bus import EditorTimeout
@@ -238,3 +238,22 @@ async def test_a_stuck_neovim_is_sent_no_more_interrupts(nvim: NeovimProcess, fi
             assert editor.pending_interrupts == 0  # nothing more sent its way
     finally:
         editor.disconnect()
+
+
+async def test_a_write_that_times_out_is_of_unknown_outcome_and_its_replaced_text_is_kept(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    path = open_file(nvim, files)
+    nvim.set_lines(path, ["value = 2"])
+    attach_ui(nvim)
+    nvim.command('autocmd BufWritePre * call input("Really? ")')  # a prompt inside the write
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            result = await client.call_tool("saveDocument", {"filePath": str(path)})
+    message = text_of(result)
+    assert result.is_error and "did not answer" in message
+    assert "outcome is unknown" in message and "kept in the journal" in message
+    assert "Nothing was written" not in message
+    state = assert_sound(journal_path)
+    assert [c["status"] for c in state.commands] == ["in_doubt"]
+    assert [bytes(r["content"]) for r in rows(journal_path, "SELECT content FROM blobs")] == [b"value = 1\n"]
