@@ -134,7 +134,7 @@ class SqliteJournal:
             try:
                 return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             except sqlite3.OperationalError as error:
-                if "locked" not in str(error) or time.monotonic() > deadline:
+                if not _is_contention(error) or time.monotonic() > deadline:
                     raise
             time.sleep(0.01)
 
@@ -592,28 +592,40 @@ def _writable(path: Path) -> bool:
     return os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
 
 
+def _primary_code(error: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of `error` (its extended code's low byte), or None for an
+    error Python raised itself."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _is_contention(error: sqlite3.Error) -> bool:
+    return _primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
-    message = str(error)
-    if "locked" in message or "busy" in message:
+    """toolbus's words for a SQLite failure, chosen by its result code, never by its text."""
+    code = _primary_code(error)
+    if _is_contention(error):
         return f"the journal at {path} is locked by another process (waited for it): try again"
-    if "readonly" in message or "read-only" in message:
+    if code == sqlite3.SQLITE_READONLY:
         return f"the journal at {path} is read-only: fix its permissions or choose another with --journal"
-    if "disk is full" in message or "full" in message:
+    if code == sqlite3.SQLITE_FULL:
         return f"the disk holding the journal at {path} is full: free space, nothing was written"
-    if "not a database" in message:
-        return f"not a toolbus journal: {path} is not a SQLite database ({message})"
-    if "malformed" in message:
+    if code == sqlite3.SQLITE_NOTADB:
+        return f"not a toolbus journal: {path} is not a SQLite database ({error})"
+    if code == sqlite3.SQLITE_CORRUPT:
         return (
-            f"the journal at {path} is damaged ({message}); nothing was written: keep a copy of it "
+            f"the journal at {path} is damaged ({error}); nothing was written: keep a copy of it "
             "and check it with: sqlite3 JOURNAL 'PRAGMA integrity_check'"
         )
-    if "disk I/O error" in message:
+    if code == sqlite3.SQLITE_IOERR:
         return f"the journal at {path} could not be written (disk I/O error); check the disk holding it"
-    if "unable to open" in message and not _writable(path):
+    if code == sqlite3.SQLITE_CANTOPEN and not _writable(path):
         return (
             f"the journal at {path} is read-only (it or its directory cannot be written, or the "
             "file system is read-only): fix that, or choose another place with --journal"
         )
-    if "unable to open" in message:
-        return f"cannot open the journal at {path}: {message}; check the path and its permissions"
-    return f"the journal at {path} failed: {message}"
+    if code == sqlite3.SQLITE_CANTOPEN:
+        return f"cannot open the journal at {path}: {error}; check the path and its permissions"
+    return f"the journal at {path} failed: {error}"
