@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from toolbus.adapters.config import Settings, add_settings_arguments
 from toolbus.adapters.demo import add_demo
 from toolbus.adapters.report import print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
+from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
 from toolbus.journal import editor_steps, parse_path_map, recoverable
 
 Runner = Callable[[argparse.Namespace, Settings], int]
@@ -69,28 +70,20 @@ def _json_lines(items: Iterable[msgspec.Struct]) -> int:
 
 # --- parsing what people type ----------------------------------------------------------------
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 _POSITION = re.compile(r"^@?(\d+)$")
 _EVENT_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 _LARGEST = 2**63 - 1  # positions and limits are 64-bit integers in every backend
 
 
 def parse_time(option: str, text: str, now: datetime | None = None) -> str:
-    """An ISO time (UTC unless it says otherwise) or a relative one (`30m`, `2h`, `7d`) ago,
-    as a journal timestamp."""
-    now = now or datetime.now(UTC)
+    """An ISO time (UTC unless it says otherwise) or a time ago (`30m`, `2h`, `7d`), as a
+    journal timestamp. A bare date is that day's midnight: a window's ends are instants."""
     try:
-        if match := _RELATIVE.match(text.strip()):
-            moment = now - timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-        else:
-            moment = datetime.fromisoformat(text.strip())
-            moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        moment = parse_ago(text, now or datetime.now(UTC)) or parse_iso(text).at
+        return iso_time(epoch_ns(moment.astimezone(UTC)))
     except ValueError:
         raise ValueError(
-            f"{option}: expected an ISO time (2026-05-01, 2026-05-01T12:00:00Z) "
-            f"or a time ago (30m, 2h, 7d), got {text!r}"
+            f"{option}: expected an ISO time (2026-05-01, 2026-05-01T12:00:00Z) or {AGO_FORMS}, got {text!r}"
         ) from None
     except OverflowError:  # before year 1 or after 9999, in UTC
         raise ValueError(f"{option}: {text!r} is out of range (years 1 to 9999, UTC)") from None

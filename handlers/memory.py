@@ -7,7 +7,6 @@ import re
 import secrets
 import time
 import typing
-from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -22,15 +21,14 @@ from toolbus.bus import (
     Timeline,
 )
 from toolbus.bus.commands import SQLITE_INT_MAX, SQLITE_INT_MIN, ObservationType
+from toolbus.bus.moments import ISO_FORMS, epoch_ms, parse_iso
 from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
-_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _EPOCH_MS = re.compile(r"-?\d+")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DAY_MS = 86_400_000
-_DATE_FORMS = "an ISO date (2025-01-31), date-time (2025-01-31T09:30:00Z) or epoch milliseconds"
+_DATE_FORMS = f"{ISO_FORMS} or epoch milliseconds"
 
 
 class Saved(msgspec.Struct, frozen=True):
@@ -78,8 +76,8 @@ async def search(command: SearchObservations, context: HandlerContext[Any]) -> S
         offset=command.offset,
         project=command.project,
         types=observation_types(command.tool, command.type),
-        start_ms=epoch_ms(command.tool, "dateStart", command.dateStart, end_of_day=False),
-        end_ms=epoch_ms(command.tool, "dateEnd", command.dateEnd, end_of_day=True),
+        start_ms=date_ms(command.tool, "dateStart", command.dateStart, end_of_day=False),
+        end_ms=date_ms(command.tool, "dateEnd", command.dateEnd, end_of_day=True),
         order_by=command.orderBy or ("relevance" if text else "date_desc"),
     )
     return await memory_of(context).search(query, context.caller)
@@ -122,7 +120,7 @@ def observation_types(tool: str, value: str | None) -> tuple[str, ...]:
     return types
 
 
-def epoch_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool) -> int | None:
+def date_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool) -> int | None:
     """An ISO date or date-time (UTC unless it says otherwise), or epoch milliseconds, as epoch ms.
 
     A bare date used as an end bound means the whole of that day.
@@ -133,14 +131,11 @@ def epoch_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool
     if _EPOCH_MS.fullmatch(text):
         return _epoch_ms_in_range(tool, field, int(text))
     try:
-        if _DATE_ONLY.fullmatch(text):
-            start = _ms(datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC))
-            # In ms, not as a datetime: the day after 9999-12-31 is past what datetime holds.
-            return start + _DAY_MS - 1 if end_of_day else start
-        moment = datetime.fromisoformat(text)
+        moment = parse_iso(text)
     except ValueError:
         raise InvalidArguments(tool, f"{field}: expected {_DATE_FORMS}, got {value!r}") from None
-    return _ms(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+    # In ms, not as a datetime: the day after 9999-12-31 is past what datetime holds.
+    return epoch_ms(moment.at) + (_DAY_MS - 1 if end_of_day and moment.whole_day else 0)
 
 
 def _epoch_ms_in_range(tool: str, field: str, value: int) -> int:
@@ -152,5 +147,3 @@ def _epoch_ms_in_range(tool: str, field: str, value: int) -> int:
     return value
 
 
-def _ms(moment: datetime) -> int:
-    return (moment - _EPOCH) // timedelta(milliseconds=1)  # exact, unlike float timestamps

@@ -14,7 +14,7 @@ import pytest
 
 from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
 from toolbus.bus.queries import SearchQuery, TimelineQuery
-from toolbus.handlers.memory import epoch_ms, observation_types
+from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
 from toolbus.journal.sqlite.memory import (
     apply_observation,
@@ -121,13 +121,13 @@ def test_every_cjk_substring_of_two_or_more_characters_finds_its_text(text: str)
     ],
 )
 def test_dates_are_iso_or_epoch_milliseconds(value: str | int | None, end_of_day: bool, expected: int) -> None:
-    assert epoch_ms("search", "dateEnd", value, end_of_day=end_of_day) == expected
+    assert date_ms("search", "dateEnd", value, end_of_day=end_of_day) == expected
 
 
 @pytest.mark.parametrize("value", ["yesterday", "2025-13-01", "01/02/2025", ""])
 def test_a_date_that_is_neither_is_invalid(value: str) -> None:
     with pytest.raises(InvalidArguments, match="dateStart: expected an ISO date"):
-        epoch_ms("search", "dateStart", value, end_of_day=False)
+        date_ms("search", "dateStart", value, end_of_day=False)
 
 
 def test_types_are_one_or_a_comma_list_of_known_types() -> None:

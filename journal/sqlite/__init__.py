@@ -4,7 +4,7 @@ from toolbus.journal.sqlite.memory import SqliteMemoryStore
 from toolbus.journal.sqlite.reader import JournalTexts, SqliteReader
 from toolbus.journal.sqlite.replay import rebuild_memory
 from toolbus.journal.sqlite.schema import SCHEMA_VERSION
-from toolbus.journal.sqlite.store import Outcome, SqliteJournal, Synchronous, default_journal_path, iso_time
+from toolbus.journal.sqlite.store import Outcome, SqliteJournal, Synchronous, default_journal_path
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -15,6 +15,5 @@ __all__ = [
     "SqliteReader",
     "Synchronous",
     "default_journal_path",
-    "iso_time",
     "rebuild_memory",
 ]

@@ -25,6 +25,7 @@ import msgspec
 
 from toolbus.bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
+from toolbus.bus.moments import iso_time
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
 from toolbus.journal.sqlite.schema import check_identity, migrate
@@ -61,18 +62,6 @@ def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
         os.path.expanduser("~"), ".local", "state"
     )
     return Path(state_home) / "toolbus" / "journal.db"
-
-
-def iso_time(ns: int) -> str:
-    """UTC ISO 8601 with microseconds and a `Z`: readable, and sorts correctly as text."""
-    seconds, nanoseconds = divmod(ns, 1_000_000_000)
-    return f"{_iso_seconds(seconds)}.{nanoseconds // 1000:06d}Z"
-
-
-@functools.lru_cache(maxsize=256)
-def _iso_seconds(seconds: int) -> str:
-    # Calls within one second share this part: formatting it is most of iso_time's cost.
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 class SqliteJournal:

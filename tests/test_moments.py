@@ -1,0 +1,35 @@
+"""One time grammar: an audit window and a memory tool's dates read the same text the same way."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from toolbus.adapters.cli_journal import parse_time
+from toolbus.bus import InvalidArguments
+from toolbus.bus.moments import epoch_ms
+from toolbus.handlers.memory import date_ms
+
+FORMS = ["2025-01-31", "2025-01-31T09:30:00Z", "2025-01-31T09:30", "2025-01-31T11:30:00.250+02:00"]
+
+
+@pytest.mark.parametrize("text", FORMS)
+def test_the_cli_and_the_memory_tools_read_a_time_alike(text: str) -> None:
+    journal_time = datetime.fromisoformat(parse_time("--since", text).replace("Z", "+00:00"))
+    assert epoch_ms(journal_time) == date_ms("search", "dateStart", text, end_of_day=False)
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2025-13-01", "01/02/2025", ""])
+def test_neither_accepts_what_the_other_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="expected an ISO time"):
+        parse_time("--since", text)
+    with pytest.raises(InvalidArguments, match="expected an ISO date"):
+        date_ms("search", "dateStart", text, end_of_day=False)
+
+
+def test_a_time_ago_is_only_for_people_at_the_command_line() -> None:
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    assert parse_time("--since", "90min", now) == "2026-05-01T10:30:00.000000Z"
+    with pytest.raises(InvalidArguments):
+        date_ms("search", "dateStart", "90min", end_of_day=False)
