@@ -6,6 +6,7 @@ Decoding a tool's arguments into its Struct *is* the argument check (see `decode
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import msgspec
@@ -46,6 +47,24 @@ def absolute_path(field: str, value: str) -> str:
     return expanded
 
 
+class FileCommand(Command, frozen=True, kw_only=True, dict=True):
+    """A command on one file, named by an absolute path (`~` allowed) in its `path_field`.
+
+    The path is checked and expanded once, when the command is decoded; handlers use `file`.
+    The field keeps the caller's spelling, for answers that echo it.
+    """
+
+    path_field: ClassVar[str]
+
+    @cached_property
+    def file(self) -> str:
+        """The file's absolute path, `~` expanded (symlinks are the editor's to resolve)."""
+        return absolute_path(self.path_field, getattr(self, self.path_field))
+
+    def __post_init__(self) -> None:
+        self.file  # noqa: B018  (the check, and the one expansion, happen at decoding)
+
+
 def _file_path_schema(description: str) -> dict[str, Any]:
     return {
         "type": "object",
@@ -63,28 +82,24 @@ class GetOpenEditors(Command, frozen=True, kw_only=True):
     schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
 
-class CheckDocumentDirty(Command, frozen=True, kw_only=True):
+class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
     tool = "checkDocumentDirty"
     description = "Check if a document has unsaved changes (is dirty)"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to check")
 
+    path_field = "filePath"
     filePath: ShortText
 
-    def __post_init__(self) -> None:
-        absolute_path("filePath", self.filePath)
 
-
-class SaveDocument(Command, frozen=True, kw_only=True):
+class SaveDocument(FileCommand, frozen=True, kw_only=True):
     tool = "saveDocument"
     description = "Save a document with unsaved changes"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
     mutates = True
     acts_outside = True
 
+    path_field = "filePath"
     filePath: ShortText
-
-    def __post_init__(self) -> None:
-        absolute_path("filePath", self.filePath)
 
 
 class CloseTab(Command, frozen=True, kw_only=True):
@@ -106,17 +121,15 @@ class CloseTab(Command, frozen=True, kw_only=True):
 BlobHash = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
-class _RecordedFileChange(Command, frozen=True, kw_only=True):
+class _RecordedFileChange(FileCommand, frozen=True, kw_only=True):
     """A command-line command that changes a file as a recorded event (`event`) did."""
 
     mutates = True
     acts_outside = True
 
+    path_field = "path"
     path: ShortText
     event: Annotated[int, msgspec.Meta(ge=1)]
-
-    def __post_init__(self) -> None:
-        absolute_path("path", self.path)
 
 
 class RestoreFile(_RecordedFileChange, frozen=True, kw_only=True):

@@ -65,12 +65,6 @@ class SaveResult(msgspec.Struct, frozen=True):
     message: str
 
 
-def expand(path: str) -> str:
-    """A path as the editor gets it: `~` expanded (the command already checked it is absolute).
-    Symlinks are resolved by the editor, on the machine that holds the files."""
-    return os.path.expanduser(path)
-
-
 def editor_of(context: HandlerContext[Any]) -> Editor:
     editor: Editor = context.services.editor
     return editor
@@ -83,7 +77,7 @@ async def get_open_editors(command: GetOpenEditors, context: HandlerContext[Any]
 async def check_document_dirty(
     command: CheckDocumentDirty, context: HandlerContext[Any]
 ) -> DirtyState | NotOpen:
-    dirty = await editor_of(context).is_dirty(expand(command.filePath))
+    dirty = await editor_of(context).is_dirty(command.file)
     if dirty is None:
         return NotOpen(success=False, message=f"Document not open: {command.filePath}")
     return DirtyState(success=True, filePath=command.filePath, isDirty=dirty)
@@ -91,7 +85,7 @@ async def check_document_dirty(
 
 async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> SaveResult:
     editor = editor_of(context)
-    path = expand(command.filePath)
+    path = command.file
     for _ in range(WRITE_ATTEMPTS):
         target = await editor.inspect_save(path)
         if target.status != "ready":
@@ -171,7 +165,7 @@ async def _refuse(
 
 async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     editor = editor_of(context)
-    expanded = expand(command.tab_name)
+    expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed
     exact = expanded if os.path.isabs(expanded) else None
     for _ in range(WIPE_ATTEMPTS):
         match = await editor.find_tab(command.tab_name, exact)

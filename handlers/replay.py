@@ -20,14 +20,14 @@ async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Re
     editor: Editor = context.services.editor
     content = await _text(context.services.texts, command.blob)
     known = [await _text(context.services.texts, digest) for digest in command.known]
-    result = await editor.replace_file(command.path, content, known)
+    result = await editor.replace_file(command.file, content, known)
     if result.status == "modified":
-        raise Fault(_unsaved(command.path))
+        raise Fault(_unsaved(command.file))
     if result.status == "error":
         kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
         raise Fault(result.message + kept)
     event = FileReplayed(
-        path=command.path, from_position=command.event, action="write", written_blob=command.blob, kept_copy=result.kept
+        path=command.file, from_position=command.event, action="write", written_blob=command.blob, kept_copy=result.kept
     )
     await context.commit(event)
     return Replayed(done=True, kept=result.kept)
@@ -35,12 +35,12 @@ async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Re
 
 async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Replayed:
     editor: Editor = context.services.editor
-    closed = await editor.close_file(command.path)
+    closed = await editor.close_file(command.file)
     if closed == "modified":
-        raise Fault(_unsaved(command.path))
+        raise Fault(_unsaved(command.file))
     if closed == "not_open":
         return Replayed(done=False)
-    await context.commit(FileReplayed(path=command.path, from_position=command.event, action="close"))
+    await context.commit(FileReplayed(path=command.file, from_position=command.event, action="close"))
     return Replayed(done=True)
 
 

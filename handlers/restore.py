@@ -3,7 +3,6 @@ its file. What the write replaces is kept in the journal first, so a restore is 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgspec
@@ -22,7 +21,7 @@ class Restored(msgspec.Struct, frozen=True, kw_only=True):
 async def restore_file(command: RestoreFile, context: HandlerContext[Any]) -> Restored:
     files: Files = context.services.files
     texts: Texts = context.services.texts
-    path = os.path.expanduser(command.path)
+    path = command.file
     content = await texts.text(command.blob)
     if content is None:
         raise Fault(f"the journal has lost blob {command.blob}: it cannot be recovered")
