@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +41,9 @@ Item = SessionMessage | Exception
 class LineAnswerer:
     """Wraps the SDK's line source (`lines`) and the read stream it parses them into (`read`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_message: Callable[[Any], None]) -> None:
         self._lines: collections.deque[str] = collections.deque()
+        self._on_message = on_message  # sees every message read, in order
 
     async def lines(self, source: AsyncIterable[str]) -> AsyncIterator[str]:
         async for line in source:
@@ -50,7 +51,7 @@ class LineAnswerer:
             yield line
 
     def read(self, parsed: ReadStream[Item], write: WriteStream[SessionMessage]) -> ReadStream[Item]:
-        return _AnsweredStream(parsed, write, self._lines)
+        return _AnsweredStream(parsed, write, self._lines, self._on_message)
 
 
 class _AnsweredStream:
@@ -58,17 +59,28 @@ class _AnsweredStream:
     request recovered from that line, or answered here and skipped."""
 
     def __init__(
-        self, parsed: ReadStream[Item], write: WriteStream[SessionMessage], lines: collections.deque[str]
+        self,
+        parsed: ReadStream[Item],
+        write: WriteStream[SessionMessage],
+        lines: collections.deque[str],
+        on_message: Callable[[Any], None],
     ) -> None:
         self._parsed = parsed
         self._write = write
         self._lines = lines
+        self._on_message = on_message
 
     @property
     def last_context(self) -> Any:  # the SDK runs each message in its sender's context
         return getattr(self._parsed, "last_context", None)
 
     async def receive(self) -> Item:
+        item = await self._receive()
+        if isinstance(item, SessionMessage):
+            self._on_message(item.message)
+        return item
+
+    async def _receive(self) -> Item:
         while True:
             item = await self._parsed.receive()
             line = self._lines.popleft() if self._lines else None

@@ -68,15 +68,17 @@ def _parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
+    from toolbus.adapters.arrival import ArrivalOrder
     from toolbus.adapters.bootstrap import build_bus, open_writer
-    from toolbus.adapters.mcp_server import build_server, serve_stdio
+    from toolbus.adapters.mcp_server import build_server, editor_tools, serve_stdio
 
     journal = open_writer(settings)
     bus = build_bus(settings, journal)
-    server = build_server(bus, settings.agent, settings.department, version())
+    arrivals = ArrivalOrder(editor_tools(bus))
+    server = build_server(bus, settings.agent, settings.department, version(), arrivals)
     logging.getLogger("toolbus").info("serving; journal %s", settings.journal)
     try:
-        anyio.run(serve_stdio, server)
+        anyio.run(serve_stdio, server, arrivals)
     finally:
         bus.services.editor.disconnect()
         journal.close()

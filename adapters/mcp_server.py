@@ -12,6 +12,7 @@ import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
+from toolbus.adapters.arrival import ArrivalOrder
 from toolbus.bus import Bus, Caller, Reply, ToolbusError
 
 log = logging.getLogger("toolbus.mcp")
@@ -23,7 +24,16 @@ def render(reply: Reply) -> str:
     return reply if isinstance(reply, str) else _json.encode(reply).decode()
 
 
-def build_server(bus: Bus, agent: str, department: str, version: str) -> Server[Any]:
+def editor_tools(bus: Bus) -> list[str]:
+    return [tool for tool, command in bus.commands.items() if command.editor]
+
+
+def build_server(
+    bus: Bus, agent: str, department: str, version: str, arrivals: ArrivalOrder | None = None
+) -> Server[Any]:
+    """The MCP server; with `arrivals` (which the stdio edge fills), editor calls take effect
+    in the order they arrived."""
+    arrivals = arrivals or ArrivalOrder(())
     tools = [
         types.Tool(name=cmd.tool, description=cmd.description, input_schema=cmd.schema)
         for cmd in bus.commands.values()
@@ -41,7 +51,8 @@ def build_server(bus: Bus, agent: str, department: str, version: str) -> Server[
     ) -> types.CallToolResult:
         caller = _caller(ctx, agent, department, session_id)
         try:
-            reply = await bus.handle(params.name, params.arguments, caller)
+            async with arrivals.turn(ctx.request_id):
+                reply = await bus.handle(params.name, params.arguments, caller)
         except ToolbusError as error:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=str(error))], is_error=True
@@ -62,18 +73,19 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
     )
 
 
-async def serve_stdio(server: Server[Any]) -> None:
+async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolbus.adapters.answering import LineAnswerer
     from toolbus.adapters.stdio import event_loop_stdio, threaded_stdin
 
-    answerer = LineAnswerer()
+    answerer = LineAnswerer(arrivals.arrived)
     async with event_loop_stdio() as streams, contextlib.AsyncExitStack() as stack:
         # The SDK's stdout when stdout is not a pipe; its protocol work either way. The lines
         # pass through toolbus, so that a line the SDK cannot parse still gets an answer.
         stdin, stdout = streams or (stack.enter_context(threaded_stdin()), None)
         lines = answerer.lines(cast(Any, stdin))
         async with stdio_server(cast(Any, lines), cast(Any, stdout)) as (read_stream, write_stream):
-            read = answerer.read(read_stream, write_stream)
-            await server.run(read, write_stream, server.create_initialization_options())
+            write = arrivals.answers(write_stream)
+            read = answerer.read(read_stream, write)
+            await server.run(read, write, server.create_initialization_options())

@@ -37,6 +37,8 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     mutates: ClassVar[bool] = False
     # ...and of those, the ones whose change happens outside the journal (in Neovim, on disk).
     acts_outside: ClassVar[bool] = False
+    # Calls to the editor take effect in the order they arrive (the MCP edge sees to it).
+    editor: ClassVar[bool] = False
 
 
 def absolute_path(field: str, value: str) -> str:
@@ -78,12 +80,14 @@ def _file_path_schema(description: str) -> dict[str, Any]:
 
 class GetOpenEditors(Command, frozen=True, kw_only=True):
     tool = "getOpenEditors"
+    editor = True
     description = "Get the list of currently open editors (buffers) in Neovim"
     schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
 
 class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
     tool = "checkDocumentDirty"
+    editor = True
     description = "Check if a document has unsaved changes (is dirty)"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to check")
 
@@ -93,6 +97,7 @@ class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
 
 class SaveDocument(FileCommand, frozen=True, kw_only=True):
     tool = "saveDocument"
+    editor = True
     description = "Save a document with unsaved changes"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
     mutates = True
@@ -104,6 +109,7 @@ class SaveDocument(FileCommand, frozen=True, kw_only=True):
 
 class CloseTab(Command, frozen=True, kw_only=True):
     tool = "close_tab"
+    editor = True
     description = ""
     schema: ClassVar[dict[str, Any]] = {
         "type": "object",

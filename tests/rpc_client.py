@@ -150,6 +150,18 @@ class StdioServer:
             result: dict[str, Any] = message["result"]
             return result
 
+    def wait_for_all(self, request_ids: Sequence[int], *, deadline: float = DEFAULT_DEADLINE) -> list[dict[str, Any]]:
+        """The results of `request_ids`, in that order, whatever order they come back in."""
+        until = time.monotonic() + deadline
+        results: dict[int, dict[str, Any]] = {}
+        while len(results) < len(request_ids):
+            message = json.loads(self._read_line(until))
+            if message.get("id") in request_ids and "method" not in message:
+                if "error" in message:
+                    raise RpcError(message["error"])
+                results[message["id"]] = message["result"]
+        return [results[request_id] for request_id in request_ids]
+
     def _read_line(self, until: float) -> bytes:
         while (end := self._buffer.find(b"\n")) < 0:
             remaining = until - time.monotonic()

@@ -1,0 +1,91 @@
+"""Editor calls take effect in the order they arrive.
+
+The SDK runs every request in a task of its own, so two calls sent without waiting race: one
+that arrived later can reach Neovim first (a checkDocumentDirty sent before a saveDocument
+could report the state after it). The read stream notes each editor call as it arrives; its
+handler waits for the calls noted before it to finish. A call leaves the queue when its handler
+finishes, when its answer goes out (the SDK refused it before any handler ran) or when the
+client cancels it, so no call can hold the others back for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Collection
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp.types as types
+from mcp.shared.message import SessionMessage
+
+if TYPE_CHECKING:
+    from mcp.shared._stream_protocols import WriteStream
+
+RequestId = int | str
+
+
+class ArrivalOrder:
+    """The editor calls not yet finished, in the order they arrived."""
+
+    def __init__(self, ordered_tools: Collection[str]) -> None:
+        self._ordered_tools = frozenset(ordered_tools)
+        self._waiting: dict[RequestId, None] = {}  # insertion-ordered: arrival order
+        self._moved = anyio.Event()
+
+    def arrived(self, message: Any) -> None:
+        """Note a message from the client, in the order they come."""
+        if isinstance(message, types.JSONRPCRequest) and self._is_ordered_call(message):
+            self._waiting[message.id] = None
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            request_id = (message.params or {}).get("requestId")
+            if isinstance(request_id, int | str):
+                self.left(request_id)
+
+    def left(self, request_id: RequestId) -> None:
+        """`request_id` no longer holds back the calls after it."""
+        if request_id in self._waiting:
+            del self._waiting[request_id]
+            self._moved.set()  # wakes every waiter: each checks whether it is now first
+            self._moved = anyio.Event()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, request_id: RequestId | None) -> AsyncIterator[None]:
+        """Wait until every editor call that arrived before this one has finished."""
+        if request_id is None or request_id not in self._waiting:  # not an editor call
+            yield
+            return
+        try:
+            while request_id in self._waiting and next(iter(self._waiting)) != request_id:
+                await self._moved.wait()
+            yield
+        finally:
+            self.left(request_id)
+
+    def answers(self, write: WriteStream[SessionMessage]) -> WriteStream[SessionMessage]:
+        """`write`, noting each answer that goes out: its call holds back no one any more."""
+        return _AnswerWatch(write, self)
+
+    def _is_ordered_call(self, request: types.JSONRPCRequest) -> bool:
+        params = request.params
+        return request.method == "tools/call" and isinstance(params, dict) and params.get("name") in self._ordered_tools
+
+
+class _AnswerWatch:
+    def __init__(self, write: WriteStream[SessionMessage], order: ArrivalOrder) -> None:
+        self._write = write
+        self._order = order
+
+    async def send(self, item: SessionMessage) -> None:
+        answer = item.message
+        if isinstance(answer, types.JSONRPCResponse | types.JSONRPCError) and answer.id is not None:
+            self._order.left(answer.id)
+        await self._write.send(item)
+
+    async def aclose(self) -> None:
+        await self._write.aclose()
+
+    async def __aenter__(self) -> _AnswerWatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
