@@ -12,7 +12,7 @@ import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from toolbus.bus import Bus, Caller, Reply, ToolbusError
+from toolbus.bus import Bus, Caller, Command, Reply, ToolbusError
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -23,11 +23,26 @@ def render(reply: Reply) -> str:
     return reply if isinstance(reply, str) else _json.encode(reply).decode()
 
 
+def tool_of(command: type[Command]) -> types.Tool:
+    """A command's listing: its name, schema and annotations, all declared on the command."""
+    hints = command.hints
+    return types.Tool(
+        name=command.tool,
+        title=hints.title,
+        description=command.description,
+        input_schema=command.schema,
+        annotations=types.ToolAnnotations(
+            title=hints.title,
+            read_only_hint=hints.read_only,
+            destructive_hint=hints.destructive,
+            idempotent_hint=hints.idempotent,
+            open_world_hint=hints.open_world,
+        ),
+    )
+
+
 def build_server(bus: Bus, agent: str, department: str, version: str) -> Server[Any]:
-    tools = [
-        types.Tool(name=cmd.tool, description=cmd.description, input_schema=cmd.schema)
-        for cmd in bus.commands.values()
-    ]
+    tools = [tool_of(cmd) for cmd in bus.commands.values()]
     # stdio serves exactly one client per process: one session id for the process's lifetime.
     session_id = secrets.token_hex(8)
 

@@ -14,6 +14,7 @@ from toolbus.bus.commands import (
     SaveObservation,
     SearchObservations,
     Timeline,
+    ToolHints,
     absolute_path,
 )
 from toolbus.bus.errors import (
@@ -113,6 +114,7 @@ __all__ = [
     "TabCloseSkipped",
     "TabClosed",
     "Timeline",
+    "ToolHints",
     "ToolbusError",
     "absolute_path",
     "blob_hash",

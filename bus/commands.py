@@ -26,12 +26,31 @@ SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 SqliteInt = Annotated[int, msgspec.Meta(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)]
 
 
+class ToolHints(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool does to the world, published as its MCP annotations: clients such as Claude
+    Code run read-only tools without asking, and several at once."""
+
+    title: str
+    read_only: bool
+    destructive: bool = False  # may it destroy something (not only add)? Meaningful if not read_only
+    idempotent: bool  # does a second identical call change nothing more?
+    # Every tool works on this machine's Neovim and journal (or the team's database): a closed
+    # world, never the web.
+    open_world: bool = False
+
+
+def _reads(title: str) -> ToolHints:
+    return ToolHints(title=title, read_only=True, idempotent=True)
+
+
 class Command(msgspec.Struct, frozen=True, kw_only=True):
-    """A tool call, validated. `tool` is the MCP tool name; `schema` its inputSchema."""
+    """A tool call, validated. `tool` is the MCP tool name; `schema` its inputSchema;
+    `hints` its MCP annotations (MCP tools only)."""
 
     tool: ClassVar[str]
     description: ClassVar[str]
     schema: ClassVar[dict[str, Any]]
+    hints: ClassVar[ToolHints]
     # Commands that change the world are journaled before they run (write-ahead);
     # queries are recorded together with their outcome in one transaction.
     mutates: ClassVar[bool] = False
@@ -80,12 +99,14 @@ class GetOpenEditors(Command, frozen=True, kw_only=True):
     tool = "getOpenEditors"
     description = "Get the list of currently open editors (buffers) in Neovim"
     schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+    hints = _reads("Open editors")
 
 
 class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
     tool = "checkDocumentDirty"
     description = "Check if a document has unsaved changes (is dirty)"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to check")
+    hints = _reads("Check for unsaved changes")
 
     path_field = "filePath"
     filePath: ShortText
@@ -95,6 +116,11 @@ class SaveDocument(FileCommand, frozen=True, kw_only=True):
     tool = "saveDocument"
     description = "Save a document with unsaved changes"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
+    # Destructive: the write replaces the file's text on disk, which is not an additive change.
+    # The journal keeps the replaced text (`toolbus recover` brings it back), but a client
+    # cannot know that, and the hint describes the effect on the file, not toolbus's undo.
+    # Idempotent: saving again writes the same text.
+    hints = ToolHints(title="Save document", read_only=False, destructive=True, idempotent=True)
     mutates = True
     acts_outside = True
 
@@ -110,6 +136,9 @@ class CloseTab(Command, frozen=True, kw_only=True):
         "properties": {"tab_name": {"type": "string"}},
         "required": ["tab_name"],
     }
+    # Wipes a buffer, unsaved changes and all (kept in the journal, gone from the editor). A
+    # second call finds nothing left to close.
+    hints = ToolHints(title="Close tab", read_only=False, destructive=True, idempotent=True)
     mutates = True
     acts_outside = True
 
@@ -225,6 +254,8 @@ class SaveObservation(Command, frozen=True, kw_only=True):
         "required": ["title", "text"],
         "additionalProperties": True,
     }
+    # Adds an observation and never changes one: not destructive; each call adds another.
+    hints = ToolHints(title="Save to memory", read_only=False, destructive=False, idempotent=False)
     mutates = True
 
     title: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
@@ -279,6 +310,7 @@ class SearchObservations(Command, frozen=True, kw_only=True):
             "orderBy": {"type": "string", "enum": list(get_args(OrderBy))},
         },
     }
+    hints = _reads("Search memory")
 
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
@@ -306,6 +338,7 @@ class Timeline(Command, frozen=True, kw_only=True):
             "project": {"type": "string", "description": "Only this project"},
         },
     }
+    hints = _reads("Memory timeline")
 
     anchor: SqliteInt | None = None
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
@@ -328,6 +361,7 @@ class GetObservations(Command, frozen=True, kw_only=True):
         },
         "required": ["ids"],
     }
+    hints = _reads("Get observations")
 
     ids: Annotated[list[SqliteInt], msgspec.Meta(max_length=1000)]
 
