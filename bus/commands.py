@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -84,6 +85,18 @@ class FileCommand(Command, frozen=True, kw_only=True, dict=True):
         self.file  # noqa: B018  (the check, and the one expansion, happen at decoding)
 
 
+def file_uri_path(field: str, value: str) -> str:
+    """The absolute path a `file://` URI names (percent-decoded)."""
+    parts = urlsplit(value)
+    path = unquote(parts.path)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not os.path.isabs(path):
+        raise ValueError(f'{field}: expected a file:// URI of an absolute path, got "{value}"')
+    return path
+
+
+_NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
 def _file_path_schema(description: str) -> dict[str, Any]:
     return {
         "type": "object",
@@ -98,7 +111,7 @@ def _file_path_schema(description: str) -> dict[str, Any]:
 class GetOpenEditors(Command, frozen=True, kw_only=True):
     tool = "getOpenEditors"
     description = "Get the list of currently open editors (buffers) in Neovim"
-    schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
     hints = _reads("Open editors")
 
 
@@ -143,6 +156,109 @@ class CloseTab(Command, frozen=True, kw_only=True):
     acts_outside = True
 
     tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+# --- IDE tools beyond the seeds ---------------------------------------------------------
+
+LineNumber = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]  # 1-based; Neovim's lines are int32
+
+
+class GetCurrentSelection(Command, frozen=True, kw_only=True):
+    tool = "getCurrentSelection"
+    description = "Get the current text selection in Neovim (the cursor, with empty text, if nothing is selected)"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Current selection")
+
+
+class GetLatestSelection(Command, frozen=True, kw_only=True):
+    tool = "getLatestSelection"
+    description = "Get the most recent text selection made in any file in Neovim, even if the user has moved on"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Latest selection")
+
+
+class GetDiagnostics(Command, frozen=True, kw_only=True, dict=True):
+    tool = "getDiagnostics"
+    description = (
+        "Get diagnostics (errors, warnings, hints) from Neovim, from LSP or any other source, "
+        "for one file (uri) or for every open file"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string", "description": "file:// URI of an open file; omit for every open file"}
+        },
+    }
+    hints = _reads("Diagnostics")
+
+    uri: ShortText | None = None
+
+    @cached_property
+    def file(self) -> str | None:
+        """The absolute path `uri` names; None for every file."""
+        return None if self.uri is None else file_uri_path("uri", self.uri)
+
+    def __post_init__(self) -> None:
+        self.file  # noqa: B018  (checked at decoding, as FileCommand does)
+
+
+class GetWorkspaceFolders(Command, frozen=True, kw_only=True):
+    tool = "getWorkspaceFolders"
+    description = "Get Neovim's working directory and the workspace folders of its attached LSP clients"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Workspace folders")
+
+
+class OpenFile(FileCommand, frozen=True, kw_only=True):
+    tool = "openFile"
+    description = (
+        "Open a file in Neovim's main editor window and optionally select a range: lines "
+        "startLine-endLine, or from startText to the first endText after it"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "filePath": {"type": "string", "description": "Absolute path of the file to open"},
+            "preview": {"type": "boolean", "description": "Accepted and ignored: Neovim has no preview tabs"},
+            "startLine": {"type": "integer", "minimum": 1, "description": "First line to select (1-based)"},
+            "endLine": {"type": "integer", "minimum": 1, "description": "Last line to select (default: startLine)"},
+            "startText": {"type": "string", "description": "Select from the first occurrence of this text"},
+            "endText": {"type": "string", "description": "Select to the end of its first occurrence after startText"},
+            "selectToEndOfLine": {"type": "boolean", "description": "Extend the selection to the end of its line"},
+            "makeFrontmost": {
+                "type": "boolean",
+                "description": "Show the file (default true); false loads it without changing any window",
+            },
+        },
+        "required": ["filePath"],
+    }
+    # It changes what the user sees (window, cursor, selection), never a file or a buffer's
+    # text: not read-only, not destructive, and the same call twice shows the same thing.
+    hints = ToolHints(title="Open file", read_only=False, destructive=False, idempotent=True)
+    # Not `mutates`: there is nothing to write ahead, recover or replay in a view, so it is
+    # journaled as queries are, with its outcome, before the answer.
+
+    path_field = "filePath"
+    filePath: ShortText
+    preview: bool = False
+    startLine: LineNumber | None = None
+    endLine: LineNumber | None = None
+    # Empty texts mean none: clients that follow VS Code's schema, where both are required, send "".
+    startText: ShortText | None = None
+    endText: ShortText | None = None
+    selectToEndOfLine: bool = False
+    makeFrontmost: bool = True
+
+
+class CloseAllDiffTabs(Command, frozen=True, kw_only=True):
+    tool = "closeAllDiffTabs"
+    description = "Close every diff view toolbus opened in Neovim (rejecting the proposals still waiting)"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    # Closing a waiting diff rejects it: a decision, written ahead like other changes. A second
+    # call finds none left.
+    hints = ToolHints(title="Close all diff tabs", read_only=False, destructive=True, idempotent=True)
+    mutates = True
+    acts_outside = True
 
 
 # --- the command line -------------------------------------------------------------------
@@ -371,6 +487,12 @@ TOOL_COMMANDS: tuple[type[Command], ...] = (
     CheckDocumentDirty,
     SaveDocument,
     CloseTab,
+    OpenFile,
+    CloseAllDiffTabs,
+    GetCurrentSelection,
+    GetLatestSelection,
+    GetDiagnostics,
+    GetWorkspaceFolders,
     SaveObservation,
     SearchObservations,
     Timeline,
