@@ -13,7 +13,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 from toolbus.adapters.arrival import ArrivalOrder
-from toolbus.bus import Bus, Caller, Reply, ToolbusError
+from toolbus.bus import Bus, Caller, Command, Reply, ToolbusError
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -22,6 +22,24 @@ _json = msgspec.json.Encoder()
 def render(reply: Reply) -> str:
     """A reply as the result text: plain strings as they are, everything else compact JSON."""
     return reply if isinstance(reply, str) else _json.encode(reply).decode()
+
+
+def tool_of(command: type[Command]) -> types.Tool:
+    """A command's listing: its name, schema and annotations, all declared on the command."""
+    hints = command.hints
+    return types.Tool(
+        name=command.tool,
+        title=hints.title,
+        description=command.description,
+        input_schema=command.schema,
+        annotations=types.ToolAnnotations(
+            title=hints.title,
+            read_only_hint=hints.read_only,
+            destructive_hint=hints.destructive,
+            idempotent_hint=hints.idempotent,
+            open_world_hint=hints.open_world,
+        ),
+    )
 
 
 def editor_tools(bus: Bus) -> list[str]:
@@ -34,10 +52,7 @@ def build_server(
     """The MCP server; with `arrivals` (which the stdio edge fills), editor calls take effect
     in the order they arrived."""
     arrivals = arrivals or ArrivalOrder(())
-    tools = [
-        types.Tool(name=cmd.tool, description=cmd.description, input_schema=cmd.schema)
-        for cmd in bus.commands.values()
-    ]
+    tools = [tool_of(cmd) for cmd in bus.commands.values()]
     # stdio serves exactly one client per process: one session id for the process's lifetime.
     session_id = secrets.token_hex(8)
 

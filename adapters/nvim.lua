@@ -1,6 +1,7 @@
 -- toolbus helpers, sent over RPC the first time a Neovim lacks them (kept in a global named
 -- after this file's hash): every editor tool is then one or two requests. Paths arrive
 -- absolute with `~` expanded; symlinks are resolved here, on Neovim's side.
+local NAME = ... -- that global's name: autocmd groups carry it, so versions never clear each other's
 local M = {}
 local api = vim.api
 
@@ -114,18 +115,26 @@ local function check_disk(buf)
   return changed, reloaded
 end
 
+-- A file's buffer: named, and not help, terminal, quickfix, a file tree or other scratch.
+local function is_file_buffer(buf)
+  return vim.bo[buf].buftype == '' and api.nvim_buf_get_name(buf) ~= ''
+end
+
+local function language(buf)
+  local filetype = vim.bo[buf].filetype
+  return filetype ~= '' and filetype or 'plaintext'
+end
+
 function M.list()
   local current = api.nvim_get_current_buf()
   local tabs = {}
   for _, buf in ipairs(open_buffers()) do
-    local name = api.nvim_buf_get_name(buf)
-    if vim.bo[buf].buftype == '' then
-      local filetype = vim.bo[buf].filetype
+    if is_file_buffer(buf) then
       tabs[#tabs + 1] = {
         uri = vim.uri_from_bufnr(buf),
         isActive = buf == current,
-        label = vim.fn.fnamemodify(name, ':t'),
-        languageId = filetype ~= '' and filetype or 'plaintext',
+        label = vim.fn.fnamemodify(api.nvim_buf_get_name(buf), ':t'),
+        languageId = language(buf),
         isDirty = vim.bo[buf].modified,
       }
     end
@@ -256,6 +265,261 @@ function M.wipe(buf, tick)
   end
   api.nvim_buf_delete(buf, { force = true })
   return true
+end
+
+-- --- IDE tools: selections, diagnostics, workspace folders, openFile -------------------
+-- Positions are LSP's (and Claude Code's): 0-based lines, characters in UTF-16 code units,
+-- ends exclusive. Neovim counts bytes.
+
+local function position(buf, line, byte)
+  local text = api.nvim_buf_get_lines(buf, line, line + 1, false)[1] or ''
+  byte = math.max(0, math.min(byte, #text))
+  return { line = line, character = vim.str_utfindex(text, 'utf-16', byte, false) }
+end
+
+local function selection(buf, text, from, to)
+  return {
+    text = text,
+    filePath = api.nvim_buf_get_name(buf),
+    fileUrl = vim.uri_from_bufnr(buf),
+    selection = { start = from, ['end'] = to, isEmpty = from.line == to.line and from.character == to.character },
+  }
+end
+
+local VISUAL = { v = true, V = true, ['\22'] = true }
+
+-- The region between two getpos() positions of the current buffer in visual `mode` (v, V or
+-- CTRL-V), exactly as Vim would yank it.
+local function region(buf, mode, from, to)
+  local opts = { type = mode }
+  local spans = vim.fn.getregionpos(from, to, opts)
+  local first, last = spans[1][1], spans[#spans][2]
+  -- A span ends on its last byte (1-based): that is the exclusive 0-based end.
+  return selection(
+    buf,
+    table.concat(vim.fn.getregion(from, to, opts), '\n'),
+    position(buf, first[2] - 1, first[3] - 1),
+    position(buf, last[2] - 1, last[3])
+  )
+end
+
+-- The visual selection the user is making now in `buf`, if any.
+local function visual(buf)
+  local mode = api.nvim_get_mode().mode:sub(1, 1)
+  if VISUAL[mode] and api.nvim_get_current_buf() == buf then
+    return region(buf, mode, vim.fn.getpos('v'), vim.fn.getpos('.'))
+  end
+  return nil
+end
+
+function M.selection()
+  local buf = api.nvim_get_current_buf()
+  if not is_file_buffer(buf) then
+    return vim.NIL
+  end
+  local row, col = unpack(api.nvim_win_get_cursor(0))
+  local cursor = position(buf, row - 1, col)
+  return visual(buf) or selection(buf, '', cursor, cursor)
+end
+
+-- The last visual selection made in a file buffer, kept when the user leaves visual mode.
+local latest = nil
+
+function M.latest_selection()
+  local buf = api.nvim_get_current_buf()
+  return (is_file_buffer(buf) and visual(buf)) or latest or vim.NIL
+end
+
+local SEVERITY = { 'Error', 'Warning', 'Information', 'Hint' }
+
+local function diagnostics_of(buf)
+  local found = {}
+  for i, item in ipairs(vim.diagnostic.get(buf)) do
+    found[i] = {
+      message = item.message,
+      severity = SEVERITY[item.severity] or 'Error',
+      range = {
+        start = position(buf, item.lnum, item.col),
+        ['end'] = position(buf, item.end_lnum or item.lnum, item.end_col or item.col),
+      },
+      source = item.source,
+      code = (type(item.code) == 'number' or item.code == nil) and item.code or tostring(item.code),
+    }
+  end
+  return found
+end
+
+-- Diagnostics of the open file `path` (nil when it is not open), or of every open file with some.
+function M.diagnostics(path)
+  if path ~= vim.NIL then
+    local buf = find_open(path)
+    return buf and { { uri = vim.uri_from_bufnr(buf), diagnostics = diagnostics_of(buf) } } or vim.NIL
+  end
+  local files = {}
+  for _, buf in ipairs(open_buffers()) do
+    local found = is_file_buffer(buf) and diagnostics_of(buf) or {}
+    if #found > 0 then
+      files[#files + 1] = { uri = vim.uri_from_bufnr(buf), diagnostics = found }
+    end
+  end
+  return files
+end
+
+-- The working directory, then each workspace folder of an LSP client attached to a buffer.
+function M.workspace_folders()
+  local folders, seen = {}, {}
+  local function add(path, name)
+    local real = normalise(path)
+    if not seen[real] then
+      seen[real] = true
+      folders[#folders + 1] = { name = name or vim.fs.basename(path), uri = vim.uri_from_fname(path), path = path }
+    end
+  end
+  add(vim.fn.getcwd())
+  for _, client in ipairs(vim.lsp.get_clients()) do
+    if next(client.attached_buffers) then
+      for _, folder in ipairs(client.workspace_folders or {}) do
+        add(vim.uri_to_fname(folder.uri), folder.name)
+      end
+      if not client.workspace_folders and client.root_dir then
+        add(client.root_dir)
+      end
+    end
+  end
+  return folders
+end
+
+-- A window to show a file in: not floating, showing a file's buffer (never a terminal,
+-- quickfix, help or file tree: those all set 'buftype'), free to show another.
+local function is_main(win)
+  return api.nvim_win_get_config(win).relative == ''
+    and vim.bo[api.nvim_win_get_buf(win)].buftype == ''
+    and not vim.wo[win].previewwindow
+    and not vim.wo[win].winfixbuf
+end
+
+local function main_window()
+  local current = api.nvim_get_current_win()
+  if is_main(current) then
+    return current
+  end
+  for _, win in ipairs(api.nvim_tabpage_list_wins(0)) do
+    if is_main(win) then
+      return win
+    end
+  end
+  return nil
+end
+
+-- `path` in a listed, loaded buffer. bufload() never asks about a swap file: it raises E325
+-- ATTENTION once the buffer is loaded. The file is open in another Neovim (or one crashed), so
+-- the buffer is made read-only, as answering "Open Read-Only" would.
+local function load(path)
+  local buf = find_open(path) or vim.fn.bufadd(path)
+  if not api.nvim_buf_is_loaded(buf) then
+    local ok, err = pcall(vim.fn.bufload, buf)
+    if not ok and not (api.nvim_buf_is_loaded(buf) and tostring(err):find('E325', 1, true)) then
+      error(err, 0)
+    end
+    vim.bo[buf].readonly = vim.bo[buf].readonly or not ok
+  end
+  vim.bo[buf].buflisted = true
+  return buf
+end
+
+-- Where the text of a buffer (its lines joined by '\n') has its `offset`-th byte: row, col, 1-based.
+local function locate(lines, offset)
+  for row, line in ipairs(lines) do
+    if offset <= #line + 1 then
+      return row, offset
+    end
+    offset = offset - #line - 1
+  end
+  return #lines, #lines[#lines] + 1
+end
+
+-- From the first `first` to the end of the first `last` after it (or of `first` itself):
+-- { from_row, from_col, to_row, to_col }, and which text was not found.
+local function find_texts(buf, first, last)
+  local lines = api.nvim_buf_get_lines(buf, 0, -1, false)
+  local text = table.concat(lines, '\n')
+  local s, e = text:find(first, 1, true)
+  if not s then
+    return nil, 'startText'
+  end
+  local missing = nil
+  if last then
+    local _, stop = text:find(last, e + 1, true)
+    e, missing = stop or e, not stop and 'endText' or nil
+  end
+  local from_row, from_col = locate(lines, s)
+  local to_row, to_col = locate(lines, e)
+  return { from_row, from_col, to_row, to_col }, missing
+end
+
+-- Select from (row, col) to (row, col), 1-based and inclusive, in visual `mode` of the current
+-- window. Typed keys, not :normal (whose visual mode ends with it); from any mode, and after
+-- this request returns.
+local function select(mode, span)
+  local keys = ('<C-\\><C-n><Cmd>call cursor(%d, %d)<CR>%s<Cmd>call cursor(%d, %d)<CR>'):format(
+    span[1], span[2], mode, span[3], span[4])
+  api.nvim_feedkeys(api.nvim_replace_termcodes(keys, true, false, true), 'n', false)
+end
+
+local function nonempty(text)
+  return text ~= vim.NIL and text ~= '' and text or nil
+end
+
+-- What openFile should select in `buf`: the visual mode, the span (as `select` takes it) and
+-- which text was not found; nothing when it asks for no selection.
+local function wanted(buf, ask)
+  local count = api.nvim_buf_line_count(buf)
+  local first, last = ask.startLine, ask.endLine
+  if first ~= vim.NIL or last ~= vim.NIL then
+    first = math.min(first ~= vim.NIL and first or last, count)
+    last = math.min(last ~= vim.NIL and last or first, count)
+    first, last = math.min(first, last), math.max(first, last)
+    return 'V', { first, 1, last, 1 }
+  end
+  local start_text = nonempty(ask.startText)
+  if not start_text then
+    return nil
+  end
+  local span, missing = find_texts(buf, start_text, nonempty(ask.endText))
+  if span and ask.selectToEndOfLine then
+    span[4] = math.max(1, #api.nvim_buf_get_lines(buf, span[3] - 1, span[3], false)[1])
+  end
+  return 'v', span, missing
+end
+
+-- openFile: show `path` in the main editor window and select what `ask` names, or with
+-- makeFrontmost false only load it.
+function M.open_file(path, ask)
+  local stat = vim.uv.fs_stat(path)
+  if not (stat and stat.type ~= 'directory') and not find_open(path) then
+    return { status = 'not_found' }
+  end
+  local buf = load(path)
+  local opened = { status = 'loaded', languageId = language(buf), lineCount = api.nvim_buf_line_count(buf) }
+  if not ask.makeFrontmost then
+    return opened
+  end
+  local win = main_window()
+  if win then
+    api.nvim_win_set_buf(win, buf)
+    api.nvim_set_current_win(win)
+  else
+    api.nvim_open_win(buf, true, { split = 'left', win = -1 })
+  end
+  opened.status = 'shown'
+  local mode, span, missing = wanted(buf, ask)
+  opened.missing = missing
+  if span then
+    api.nvim_win_set_cursor(0, { span[1], span[2] - 1 })
+    select(mode, span)
+    opened.selected = { span[1], span[3] }
+  end
+  return opened
 end
 
 -- --- `toolbus replay editor` ----------------------------------------------------------
@@ -403,6 +667,20 @@ function M.close(path)
   api.nvim_buf_delete(buf, { force = true })
   return 'closed'
 end
+
+-- Selection tracking, for getLatestSelection: whenever the user leaves visual mode in a file
+-- buffer, remember what was selected. Neovim has set the '< and '> marks by then.
+api.nvim_create_autocmd('ModeChanged', {
+  group = api.nvim_create_augroup(NAME .. '_selection', { clear = true }),
+  callback = function(args)
+    local was, now = vim.v.event.old_mode:sub(1, 1), vim.v.event.new_mode:sub(1, 1)
+    if VISUAL[was] and not VISUAL[now] and is_file_buffer(args.buf) then
+      -- Never an error in the user's face for a selection toolbus could not read.
+      local ok, found = pcall(region, args.buf, vim.fn.visualmode(), vim.fn.getpos("'<"), vim.fn.getpos("'>"))
+      latest = ok and found or latest
+    end
+  end,
+})
 
 -- A toolbus conflict mark ends when the user writes or re-reads the buffer.
 local group = api.nvim_create_augroup('toolbus_conflicts', { clear = true })

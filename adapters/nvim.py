@@ -27,8 +27,19 @@ import msgpack
 import msgspec
 import pynvim
 
-from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable
-from toolbus.handlers.ports import FileClosed, FileReplaced, OpenEditor, SaveOutcome, SaveTarget, TabMatch
+from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable, OpenFile
+from toolbus.handlers.ports import (
+    FileClosed,
+    FileDiagnostics,
+    FileOpened,
+    FileReplaced,
+    OpenEditor,
+    SaveOutcome,
+    SaveTarget,
+    Selection,
+    TabMatch,
+    WorkspaceFolder,
+)
 
 log = logging.getLogger("toolbus.nvim")
 
@@ -39,7 +50,7 @@ DEFAULT_TIMEOUT = 5.0
 LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
 # Versioned by content, so toolbus processes of different versions can share one Neovim.
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
-_LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)()"
+_LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)({LUA_MODULE!r})"
 _MISSING = "\x00toolbus-lua-missing"
 
 
@@ -312,6 +323,23 @@ class NvimEditor:
     async def wipe(self, buffer: int, tick: int) -> bool:
         return bool(await self._lua("wipe", buffer, tick))
 
+    async def current_selection(self) -> Selection | None:
+        return _selection(await self._lua("selection"))
+
+    async def latest_selection(self) -> Selection | None:
+        return _selection(await self._lua("latest_selection"))
+
+    async def diagnostics(self, path: str | None) -> list[FileDiagnostics] | None:
+        found = await self._lua("diagnostics", path)
+        return None if found is None else msgspec.convert(found or [], list[FileDiagnostics])
+
+    async def workspace_folders(self) -> list[WorkspaceFolder]:
+        return msgspec.convert(await self._lua("workspace_folders"), list[WorkspaceFolder])
+
+    async def open_file(self, command: OpenFile) -> FileOpened:
+        ask = {name: getattr(command, name) for name in _OPEN_FILE_ASKS}
+        return msgspec.convert(await self._lua("open_file", command.file, ask), FileOpened)
+
     # `toolbus replay editor` (command-line only commands)
 
     async def replace_file(self, path: str, text: bytes, known: Sequence[bytes] = ()) -> FileReplaced:
@@ -427,6 +455,15 @@ class NvimEditor:
 
 
 _LUA_CALLS: dict[str, str] = {}
+_OPEN_FILE_ASKS = ("startLine", "endLine", "startText", "endText", "selectToEndOfLine", "makeFrontmost")
+
+
+def _selection(found: Mapping[str, Any] | None) -> Selection | None:
+    if found is None:
+        return None
+    # Bytes that are not UTF-8 (a Latin-1 file) arrive surrogate-escaped; a reply carries U+FFFD.
+    text = str(found["text"]).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return msgspec.convert({**found, "text": text}, Selection)
 
 
 def _lua_call(function: str) -> str:

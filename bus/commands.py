@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -26,12 +27,31 @@ SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 SqliteInt = Annotated[int, msgspec.Meta(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)]
 
 
+class ToolHints(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool does to the world, published as its MCP annotations: clients such as Claude
+    Code run read-only tools without asking, and several at once."""
+
+    title: str
+    read_only: bool
+    destructive: bool = False  # may it destroy something (not only add)? Meaningful if not read_only
+    idempotent: bool  # does a second identical call change nothing more?
+    # Every tool works on this machine's Neovim and journal (or the team's database): a closed
+    # world, never the web.
+    open_world: bool = False
+
+
+def _reads(title: str) -> ToolHints:
+    return ToolHints(title=title, read_only=True, idempotent=True)
+
+
 class Command(msgspec.Struct, frozen=True, kw_only=True):
-    """A tool call, validated. `tool` is the MCP tool name; `schema` its inputSchema."""
+    """A tool call, validated. `tool` is the MCP tool name; `schema` its inputSchema;
+    `hints` its MCP annotations (MCP tools only)."""
 
     tool: ClassVar[str]
     description: ClassVar[str]
     schema: ClassVar[dict[str, Any]]
+    hints: ClassVar[ToolHints]
     # Commands that change the world are journaled before they run (write-ahead);
     # queries are recorded together with their outcome in one transaction.
     mutates: ClassVar[bool] = False
@@ -67,6 +87,18 @@ class FileCommand(Command, frozen=True, kw_only=True, dict=True):
         self.file  # noqa: B018  (the check, and the one expansion, happen at decoding)
 
 
+def file_uri_path(field: str, value: str) -> str:
+    """The absolute path a `file://` URI names (percent-decoded)."""
+    parts = urlsplit(value)
+    path = unquote(parts.path)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not os.path.isabs(path):
+        raise ValueError(f'{field}: expected a file:// URI of an absolute path, got "{value}"')
+    return path
+
+
+_NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
 def _file_path_schema(description: str) -> dict[str, Any]:
     return {
         "type": "object",
@@ -82,7 +114,8 @@ class GetOpenEditors(Command, frozen=True, kw_only=True):
     tool = "getOpenEditors"
     editor = True
     description = "Get the list of currently open editors (buffers) in Neovim"
-    schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Open editors")
 
 
 class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
@@ -90,6 +123,7 @@ class CheckDocumentDirty(FileCommand, frozen=True, kw_only=True):
     editor = True
     description = "Check if a document has unsaved changes (is dirty)"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to check")
+    hints = _reads("Check for unsaved changes")
 
     path_field = "filePath"
     filePath: ShortText
@@ -100,6 +134,11 @@ class SaveDocument(FileCommand, frozen=True, kw_only=True):
     editor = True
     description = "Save a document with unsaved changes"
     schema: ClassVar[dict[str, Any]] = _file_path_schema("Absolute path of the file to save")
+    # Destructive: the write replaces the file's text on disk, which is not an additive change.
+    # The journal keeps the replaced text (`toolbus recover` brings it back), but a client
+    # cannot know that, and the hint describes the effect on the file, not toolbus's undo.
+    # Idempotent: saving again writes the same text.
+    hints = ToolHints(title="Save document", read_only=False, destructive=True, idempotent=True)
     mutates = True
     acts_outside = True
 
@@ -116,10 +155,122 @@ class CloseTab(Command, frozen=True, kw_only=True):
         "properties": {"tab_name": {"type": "string"}},
         "required": ["tab_name"],
     }
+    # Wipes a buffer, unsaved changes and all (kept in the journal, gone from the editor). A
+    # second call finds nothing left to close.
+    hints = ToolHints(title="Close tab", read_only=False, destructive=True, idempotent=True)
     mutates = True
     acts_outside = True
 
     tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+# --- IDE tools beyond the seeds ---------------------------------------------------------
+
+LineNumber = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]  # 1-based; Neovim's lines are int32
+
+
+class GetCurrentSelection(Command, frozen=True, kw_only=True):
+    tool = "getCurrentSelection"
+    editor = True
+    description = "Get the current text selection in Neovim (the cursor, with empty text, if nothing is selected)"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Current selection")
+
+
+class GetLatestSelection(Command, frozen=True, kw_only=True):
+    tool = "getLatestSelection"
+    editor = True
+    description = "Get the most recent text selection made in any file in Neovim, even if the user has moved on"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Latest selection")
+
+
+class GetDiagnostics(Command, frozen=True, kw_only=True, dict=True):
+    tool = "getDiagnostics"
+    editor = True
+    description = (
+        "Get diagnostics (errors, warnings, hints) from Neovim, from LSP or any other source, "
+        "for one file (uri) or for every open file"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string", "description": "file:// URI of an open file; omit for every open file"}
+        },
+    }
+    hints = _reads("Diagnostics")
+
+    uri: ShortText | None = None
+
+    @cached_property
+    def file(self) -> str | None:
+        """The absolute path `uri` names; None for every file."""
+        return None if self.uri is None else file_uri_path("uri", self.uri)
+
+    def __post_init__(self) -> None:
+        self.file  # noqa: B018  (checked at decoding, as FileCommand does)
+
+
+class GetWorkspaceFolders(Command, frozen=True, kw_only=True):
+    tool = "getWorkspaceFolders"
+    editor = True
+    description = "Get Neovim's working directory and the workspace folders of its attached LSP clients"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    hints = _reads("Workspace folders")
+
+
+class OpenFile(FileCommand, frozen=True, kw_only=True):
+    tool = "openFile"
+    editor = True
+    description = (
+        "Open a file in Neovim's main editor window and optionally select a range: lines "
+        "startLine-endLine, or from startText to the first endText after it"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "filePath": {"type": "string", "description": "Absolute path of the file to open"},
+            "preview": {"type": "boolean", "description": "Accepted and ignored: Neovim has no preview tabs"},
+            "startLine": {"type": "integer", "minimum": 1, "description": "First line to select (1-based)"},
+            "endLine": {"type": "integer", "minimum": 1, "description": "Last line to select (default: startLine)"},
+            "startText": {"type": "string", "description": "Select from the first occurrence of this text"},
+            "endText": {"type": "string", "description": "Select to the end of its first occurrence after startText"},
+            "selectToEndOfLine": {"type": "boolean", "description": "Extend the selection to the end of its line"},
+            "makeFrontmost": {
+                "type": "boolean",
+                "description": "Show the file (default true); false loads it without changing any window",
+            },
+        },
+        "required": ["filePath"],
+    }
+    # It changes what the user sees (window, cursor, selection), never a file or a buffer's
+    # text: not read-only, not destructive, and the same call twice shows the same thing.
+    hints = ToolHints(title="Open file", read_only=False, destructive=False, idempotent=True)
+    # Not `mutates`: there is nothing to write ahead, recover or replay in a view, so it is
+    # journaled as queries are, with its outcome, before the answer.
+
+    path_field = "filePath"
+    filePath: ShortText
+    preview: bool = False
+    startLine: LineNumber | None = None
+    endLine: LineNumber | None = None
+    # Empty texts mean none: clients that follow VS Code's schema, where both are required, send "".
+    startText: ShortText | None = None
+    endText: ShortText | None = None
+    selectToEndOfLine: bool = False
+    makeFrontmost: bool = True
+
+
+class CloseAllDiffTabs(Command, frozen=True, kw_only=True):
+    tool = "closeAllDiffTabs"
+    editor = True
+    description = "Close every diff view toolbus opened in Neovim (rejecting the proposals still waiting)"
+    schema: ClassVar[dict[str, Any]] = _NO_INPUT
+    # Closing a waiting diff rejects it: a decision, written ahead like other changes. A second
+    # call finds none left.
+    hints = ToolHints(title="Close all diff tabs", read_only=False, destructive=True, idempotent=True)
+    mutates = True
+    acts_outside = True
 
 
 # --- the command line -------------------------------------------------------------------
@@ -231,6 +382,8 @@ class SaveObservation(Command, frozen=True, kw_only=True):
         "required": ["title", "text"],
         "additionalProperties": True,
     }
+    # Adds an observation and never changes one: not destructive; each call adds another.
+    hints = ToolHints(title="Save to memory", read_only=False, destructive=False, idempotent=False)
     mutates = True
 
     title: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
@@ -285,6 +438,7 @@ class SearchObservations(Command, frozen=True, kw_only=True):
             "orderBy": {"type": "string", "enum": list(get_args(OrderBy))},
         },
     }
+    hints = _reads("Search memory")
 
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
@@ -312,6 +466,7 @@ class Timeline(Command, frozen=True, kw_only=True):
             "project": {"type": "string", "description": "Only this project"},
         },
     }
+    hints = _reads("Memory timeline")
 
     anchor: SqliteInt | None = None
     query: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
@@ -334,6 +489,7 @@ class GetObservations(Command, frozen=True, kw_only=True):
         },
         "required": ["ids"],
     }
+    hints = _reads("Get observations")
 
     ids: Annotated[list[SqliteInt], msgspec.Meta(max_length=1000)]
 
@@ -343,6 +499,12 @@ TOOL_COMMANDS: tuple[type[Command], ...] = (
     CheckDocumentDirty,
     SaveDocument,
     CloseTab,
+    OpenFile,
+    CloseAllDiffTabs,
+    GetCurrentSelection,
+    GetLatestSelection,
+    GetDiagnostics,
+    GetWorkspaceFolders,
     SaveObservation,
     SearchObservations,
     Timeline,

@@ -38,3 +38,9 @@ class JournalUnavailable(Fault):
 
 class JournalNotFound(JournalUnavailable):
     """A read-only command was pointed at a journal file that does not exist."""
+
+
+class NotFound(ToolbusError):
+    """What the call names is not there (a file that does not exist, a document not open) and
+    the tool's protocol answers that with `isError`, not a `success:false` result. Nothing was
+    changed."""

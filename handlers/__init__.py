@@ -3,11 +3,17 @@ they reach Neovim, memory and the journal through the Protocols in `handlers.por
 
 from toolbus.bus import (
     CheckDocumentDirty,
+    CloseAllDiffTabs,
     CloseTab,
     Command,
+    GetCurrentSelection,
+    GetDiagnostics,
+    GetLatestSelection,
     GetObservations,
     GetOpenEditors,
+    GetWorkspaceFolders,
     Handler,
+    OpenFile,
     ReplayClose,
     ReplayWrite,
     RestoreFile,
@@ -16,7 +22,7 @@ from toolbus.bus import (
     SearchObservations,
     Timeline,
 )
-from toolbus.handlers import editor, memory, replay, restore
+from toolbus.handlers import editor, ide, memory, replay, restore
 from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, SaveTarget, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
@@ -24,6 +30,12 @@ HANDLERS: dict[type[Command], Handler] = {
     CheckDocumentDirty: editor.check_document_dirty,
     SaveDocument: editor.save_document,
     CloseTab: editor.close_tab,
+    OpenFile: ide.open_file,
+    CloseAllDiffTabs: ide.close_all_diff_tabs,
+    GetCurrentSelection: ide.get_current_selection,
+    GetLatestSelection: ide.get_latest_selection,
+    GetDiagnostics: ide.get_diagnostics,
+    GetWorkspaceFolders: ide.get_workspace_folders,
     SaveObservation: memory.save,
     SearchObservations: memory.search,
     Timeline: memory.timeline,

@@ -53,7 +53,9 @@ class DirtyState(msgspec.Struct, frozen=True):
     isUntitled: bool = False
 
 
-class NotOpen(msgspec.Struct, frozen=True):
+class Failure(msgspec.Struct, frozen=True):
+    """`{"success":false,"message"}`: a domain outcome, not an error."""
+
     success: bool
     message: str
 
@@ -76,10 +78,10 @@ async def get_open_editors(command: GetOpenEditors, context: HandlerContext[Any]
 
 async def check_document_dirty(
     command: CheckDocumentDirty, context: HandlerContext[Any]
-) -> DirtyState | NotOpen:
+) -> DirtyState | Failure:
     dirty = await editor_of(context).is_dirty(command.file)
     if dirty is None:
-        return NotOpen(success=False, message=f"Document not open: {command.filePath}")
+        return Failure(success=False, message=f"Document not open: {command.filePath}")
     return DirtyState(success=True, filePath=command.filePath, isDirty=dirty)
 
 

@@ -7,7 +7,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from toolbus.bus import Caller
+from toolbus.bus import Caller, OpenFile
 from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 
 
@@ -66,6 +66,64 @@ class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):
     kept: str | None = None  # where what the file held was copied (`path.~N~`), if it was
 
 
+class Position(msgspec.Struct, frozen=True):
+    """A place in a file as LSP counts: 0-based line, 0-based character in UTF-16 code units."""
+
+    line: int
+    character: int
+
+
+class Range(msgspec.Struct, frozen=True):
+    start: Position
+    end: Position  # exclusive
+
+
+class SelectionRange(msgspec.Struct, frozen=True):
+    start: Position
+    end: Position  # exclusive
+    isEmpty: bool
+
+
+class Selection(msgspec.Struct, frozen=True, kw_only=True):
+    """A selection (or the cursor, with empty text) in a file buffer, as the selection tools
+    report it."""
+
+    success: bool = True
+    text: str
+    filePath: str
+    fileUrl: str
+    selection: SelectionRange
+
+
+class Diagnostic(msgspec.Struct, frozen=True):
+    message: str
+    severity: Literal["Error", "Warning", "Information", "Hint"]
+    range: Range
+    source: str | None = None
+    code: str | int | None = None
+
+
+class FileDiagnostics(msgspec.Struct, frozen=True):
+    uri: str
+    diagnostics: list[Diagnostic]
+
+
+class WorkspaceFolder(msgspec.Struct, frozen=True):
+    name: str
+    uri: str
+    path: str
+
+
+class FileOpened(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Editor.open_file` did."""
+
+    status: Literal["shown", "loaded", "not_found"]  # loaded: in a buffer, no window changed
+    languageId: str = "plaintext"
+    lineCount: int = 0
+    selected: tuple[int, int] | None = None  # the first and last line selected (1-based)
+    missing: Literal["startText", "endText"] | None = None  # a text to select that was not found
+
+
 class Editor(Protocol):
     """The user's Neovim. Paths are absolute with `~` expanded; the editor resolves symlinks.
     Faults raise `bus.Fault`s."""
@@ -91,6 +149,30 @@ class Editor(Protocol):
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         """Wipe a found buffer; False (nothing done) if it changed since it was found."""
+        ...
+
+    async def current_selection(self) -> Selection | None:
+        """The visual selection in the current buffer, else its cursor; None when the current
+        buffer is not a file's."""
+        ...
+
+    async def latest_selection(self) -> Selection | None:
+        """The visual selection now, else the last one made in any file buffer since toolbus's
+        helpers were installed in this Neovim; None before the first."""
+        ...
+
+    async def diagnostics(self, path: str | None) -> list[FileDiagnostics] | None:
+        """The diagnostics of the open file `path` (None when it is not open), or of every open
+        file that has some."""
+        ...
+
+    async def workspace_folders(self) -> list[WorkspaceFolder]:
+        """Neovim's working directory, then each workspace folder of an attached LSP client, once."""
+        ...
+
+    async def open_file(self, command: OpenFile) -> FileOpened:
+        """Show `command.file` in the main editor window and select what it asks, or only load
+        it (`makeFrontmost` false)."""
         ...
 
     async def replace_file(self, path: str, text: bytes, known: Sequence[bytes] = ()) -> FileReplaced:

@@ -1,0 +1,358 @@
+"""The IDE tools beyond the seeds end to end: `toolbus serve` over stdio, a real headless Neovim
+(shared by the module, reset before each test), the user acting through a second connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvim
+import pytest
+from mcp import Client
+
+from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
+
+pytestmark = pytest.mark.anyio
+
+READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+ANNOTATIONS = {
+    "getOpenEditors": {"title": "Open editors", **READ},
+    "checkDocumentDirty": {"title": "Check for unsaved changes", **READ},
+    "saveDocument": {"title": "Save document", **READ, "readOnlyHint": False, "destructiveHint": True},
+    "close_tab": {"title": "Close tab", **READ, "readOnlyHint": False, "destructiveHint": True},
+    "openFile": {"title": "Open file", **READ, "readOnlyHint": False},
+    "closeAllDiffTabs": {"title": "Close all diff tabs", **READ, "readOnlyHint": False, "destructiveHint": True},
+    "getCurrentSelection": {"title": "Current selection", **READ},
+    "getLatestSelection": {"title": "Latest selection", **READ},
+    "getDiagnostics": {"title": "Diagnostics", **READ},
+    "getWorkspaceFolders": {"title": "Workspace folders", **READ},
+    "save": {"title": "Save to memory", **READ, "readOnlyHint": False, "idempotentHint": False},
+    "search": {"title": "Search memory", **READ},
+    "timeline": {"title": "Memory timeline", **READ},
+    "get_observations": {"title": "Get observations", **READ},
+}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ide")
+
+
+@pytest.fixture(scope="module")
+def nvim(root: Path) -> Iterator[NeovimProcess]:
+    process = NeovimProcess(root / "nvim")
+    yield process
+    process.kill()
+
+
+@pytest.fixture(scope="module")
+async def client(root: Path, nvim: NeovimProcess) -> AsyncIterator[Client]:
+    async with toolbus(root / "journal.db", nvim.address, "--nvim-timeout", "3") as connected:
+        yield connected
+
+
+@pytest.fixture(scope="module")
+def journal(root: Path) -> JournalReader:
+    return JournalReader(root / "journal.db")
+
+
+@pytest.fixture
+def files(tmp_path: Path, nvim: NeovimProcess) -> Path:
+    """A folder of files, and a Neovim in normal mode with one window and no buffers."""
+    nvim.call(lambda n: n.input("<C-\\><C-n>"))
+    nvim.lua(
+        "vim.cmd('silent! only! | enew | silent! %bwipeout!') vim.diagnostic.reset() "
+        "for _, c in ipairs(vim.lsp.get_clients()) do c:stop(true) end vim.cmd.cd(...)",
+        str(tmp_path),
+    )
+    (tmp_path / "a.py").write_text("def f():\n    return 'héllo wörld'\n\nf()\n")
+    (tmp_path / "b.txt").write_text("alpha beta\ngamma delta\nepsilon\n")
+    return tmp_path
+
+
+def wait_for(nvim: NeovimProcess, check: Callable[[pynvim.Nvim], Any]) -> Any:
+    deadline = time.monotonic() + 5
+    while not (found := nvim.call(check)):
+        assert time.monotonic() < deadline, "Neovim never got there"
+        time.sleep(0.01)
+    return found
+
+
+def user_types(nvim: NeovimProcess, keys: str, mode: str = "n") -> None:
+    """Keys typed by the user (not through toolbus); returns once Neovim is in `mode`."""
+    nvim.call(lambda n: n.input(keys))
+    wait_for(nvim, lambda n: n.api.get_mode()["mode"] == mode and not n.api.get_mode()["blocking"])
+
+
+def span(start: tuple[int, int], end: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "start": {"line": start[0], "character": start[1]},
+        "end": {"line": end[0], "character": end[1]},
+        "isEmpty": start == end,
+    }
+
+
+async def selection(client: Client, tool: str = "getCurrentSelection") -> dict[str, Any]:
+    return dict(json_of(await client.call_tool(tool, {})))
+
+
+async def test_every_tool_declares_what_it_does(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    declared = {tool.name: tool.annotations.model_dump(by_alias=True) for tool in tools if tool.annotations}
+    assert declared == ANNOTATIONS
+    assert all(tool.title == ANNOTATIONS[tool.name]["title"] for tool in tools)
+
+
+# --- getCurrentSelection / getLatestSelection ----------------------------------------------
+
+
+async def test_a_characterwise_selection_counts_characters_as_lsp_does(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.edit(files / "a.py")
+    user_types(nvim, "2G19|ve", "v")  # from the w of wörld (byte 19, character 18) to its end
+    assert await selection(client) == {
+        "success": True,
+        "text": "wörld",
+        "filePath": str(files / "a.py"),
+        "fileUrl": (files / "a.py").as_uri(),
+        "selection": span((1, 18), (1, 23)),
+    }
+
+
+async def test_a_linewise_selection_covers_whole_lines(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "ggVj", "V")
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("alpha beta\ngamma delta", span((0, 0), (1, 11)))
+
+
+async def test_a_block_selection_is_the_rectangle(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "gg0l<C-v>jjl", "\x16")
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("lp\nam\nps", span((0, 1), (2, 3)))
+
+
+async def test_without_a_selection_it_is_the_cursor_and_without_a_file_no_editor(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "2Gw")
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("", span((1, 6), (1, 6)))
+    nvim.command("enew")
+    assert await selection(client) == {"success": False, "message": "No active editor found"}
+
+
+async def test_the_latest_selection_outlives_visual_mode_and_the_buffer(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.restart()  # a Neovim in which no selection was ever made
+    assert await selection(client, "getLatestSelection") == {"success": False, "message": "No selection available"}
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "ggwve", "v")
+    user_types(nvim, "<Esc>")
+    nvim.edit(files / "a.py")
+    user_types(nvim, "G")
+    latest = await selection(client, "getLatestSelection")
+    assert (latest["text"], latest["filePath"]) == ("beta", str(files / "b.txt"))
+    assert latest["selection"] == span((0, 6), (0, 10))
+    assert (await selection(client))["filePath"] == str(files / "a.py")  # the current one moved on
+    user_types(nvim, "ggvl", "v")  # a selection under way is the latest
+    assert (await selection(client, "getLatestSelection"))["text"] == "de"
+
+
+# --- getDiagnostics ---------------------------------------------------------------------------
+
+SET_DIAGNOSTICS = """
+local buf, items = vim.fn.bufnr(...), select(2, ...)
+vim.diagnostic.set(vim.api.nvim_create_namespace('toolbus-test'), buf, items)
+"""
+
+
+async def test_diagnostics_of_every_file_of_one_and_of_a_file_not_open(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    a, b = files / "a.py", files / "b.txt"
+    nvim.edit(a)
+    nvim.edit(b)
+    nvim.edit(files / "clean.txt")
+    found = [
+        {"lnum": 1, "col": 19, "end_lnum": 1, "end_col": 25, "severity": severity, "message": f"m{severity}"}
+        for severity in (1, 2, 3, 4)
+    ]
+    nvim.lua(SET_DIAGNOSTICS, str(a), [found[0] | {"source": "pyright", "code": "E1"}, found[1] | {"code": 7}])
+    nvim.lua(SET_DIAGNOSTICS, str(b), found[2:])
+    everything = json_of(await client.call_tool("getDiagnostics", {}))
+    assert [(f["uri"], [d["severity"] for d in f["diagnostics"]]) for f in everything] == [
+        (a.as_uri(), ["Error", "Warning"]),
+        (b.as_uri(), ["Information", "Hint"]),
+    ]
+    [of_a] = json_of(await client.call_tool("getDiagnostics", {"uri": a.as_uri()}))
+    assert of_a["diagnostics"][0] == {
+        "message": "m1",
+        "severity": "Error",
+        "range": {"start": {"line": 1, "character": 18}, "end": {"line": 1, "character": 23}},
+        "source": "pyright",
+        "code": "E1",
+    }
+    assert of_a["diagnostics"][1]["code"] == 7
+    missing = await client.call_tool("getDiagnostics", {"uri": (files / "nowhere.py").as_uri()})
+    assert missing.is_error
+    assert text_of(missing) == f"Document not open: {(files / 'nowhere.py').as_uri()}"
+
+
+# --- getWorkspaceFolders ----------------------------------------------------------------------
+
+# An LSP server inside Neovim: answers `initialize`, so the client attaches to the buffer.
+START_FAKE_LSP = """
+local folders, buf = ...
+local function server()
+  return {
+    request = function(method, _, callback)
+      if method == 'initialize' then callback(nil, { capabilities = {} }) else callback(nil, vim.NIL) end
+      return true, 1
+    end,
+    notify = function() return true end,
+    is_closing = function() return false end,
+    terminate = function() end,
+  }
+end
+vim.lsp.start({ name = 'fake', cmd = server, workspace_folders = folders }, { bufnr = vim.fn.bufnr(buf) })
+"""
+
+
+async def test_workspace_folders_are_the_cwd_then_each_lsp_folder_once(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    lib = files / "lib"
+    lib.mkdir()
+    nvim.edit(files / "a.py")
+    folders = [{"uri": files.as_uri(), "name": "again"}, {"uri": lib.as_uri(), "name": "lib"}]
+    nvim.lua(START_FAKE_LSP, folders, str(files / "a.py"))
+    attached = "return #vim.lsp.get_clients({ bufnr = vim.fn.bufnr(...) })"
+    wait_for(nvim, lambda n: n.exec_lua(attached, str(files / "a.py")))
+    reply = json_of(await client.call_tool("getWorkspaceFolders", {}))
+    assert reply == {
+        "success": True,
+        "folders": [
+            {"name": files.name, "uri": files.as_uri(), "path": str(files)},
+            {"name": "lib", "uri": lib.as_uri(), "path": str(lib)},
+        ],
+        "rootPath": str(files),
+    }
+
+
+# --- openFile ---------------------------------------------------------------------------------
+
+
+def window_buffers(nvim: NeovimProcess) -> list[str]:
+    return list(
+        nvim.lua(
+            "local t = {} for _, w in ipairs(vim.api.nvim_tabpage_list_wins(0)) do "
+            "local b = vim.api.nvim_win_get_buf(w) t[#t+1] = vim.bo[b].buftype == 'terminal' and 'terminal' "
+            "or vim.api.nvim_buf_get_name(b) end return t"
+        )
+    )
+
+
+async def test_open_file_selects_lines_in_the_main_window_never_the_terminal(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.edit(files / "b.txt")
+    nvim.command("botright split | terminal")  # the agent's terminal, current
+    path = files / "a.py"
+    reply = await client.call_tool("openFile", {"filePath": str(path), "startLine": 2, "endLine": 4})
+    assert text_of(reply) == f"Opened file: {path} (selected lines 2-4)"
+    assert window_buffers(nvim) == [str(path), "terminal"]
+    wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "V")
+    current = await selection(client)
+    assert (current["filePath"], current["selection"]) == (str(path), span((1, 0), (3, 3)))
+
+
+async def test_open_file_selects_from_start_text_to_end_text(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    path = str(files / "b.txt")
+    reply = await client.call_tool("openFile", {"filePath": path, "startText": "beta", "endText": "del"})
+    assert text_of(reply) == f"Opened file: {path} (selected lines 1-2)"
+    wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "v")
+    assert (await selection(client))["text"] == "beta\ngamma del"
+    reply = await client.call_tool(
+        "openFile", {"filePath": path, "startText": "gamma", "endText": "nope", "selectToEndOfLine": True}
+    )
+    assert text_of(reply) == f"Opened file: {path} (selected line 2; endText not found after startText)"
+    wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "v")
+    assert (await selection(client))["text"] == "gamma delta"
+    reply = await client.call_tool("openFile", {"filePath": path, "startText": "zeta", "endText": ""})
+    assert text_of(reply) == f"Opened file: {path} (startText not found; nothing selected)"
+
+
+async def test_open_file_not_frontmost_only_loads_it(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    nvim.edit(files / "b.txt")
+    path = str(files / "a.py")
+    reply = json_of(await client.call_tool("openFile", {"filePath": path, "makeFrontmost": False}))
+    assert reply == {"success": True, "filePath": path, "languageId": "python", "lineCount": 4}
+    assert window_buffers(nvim) == [str(files / "b.txt")]
+    assert [tab["label"] for tab in json_of(await client.call_tool("getOpenEditors", {}))["tabs"]] == ["b.txt", "a.py"]
+
+
+async def test_open_file_of_a_missing_file_is_an_error(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    path = str(files / "missing.py")
+    reply = await client.call_tool("openFile", {"filePath": path})
+    assert reply.is_error
+    assert text_of(reply) == f"File not found: {path}"
+    assert window_buffers(nvim) == [""]
+
+
+# --- closeAllDiffTabs, and the journal --------------------------------------------------------
+
+
+async def test_close_all_diff_tabs_closes_none_while_there_are_none(client: Client, nvim: NeovimProcess) -> None:
+    assert text_of(await client.call_tool("closeAllDiffTabs", {})) == "CLOSED_0_DIFF_TABS"
+
+
+async def test_each_call_is_journaled_with_its_outcome(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    before = len(journal.commands())
+    path = str(files / "a.py")
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("getCurrentSelection", {}),
+        ("getLatestSelection", {}),
+        ("getDiagnostics", {}),
+        ("getDiagnostics", {"uri": (files / "nowhere.py").as_uri()}),
+        ("getDiagnostics", {"uri": "a.py"}),
+        ("getWorkspaceFolders", {}),
+        ("openFile", {"filePath": path}),
+        ("openFile", {"filePath": path + ".missing"}),
+        ("closeAllDiffTabs", {}),
+    ]
+    for tool, arguments in calls:
+        await client.call_tool(tool, arguments)
+    rows = journal.commands()[before:]
+    assert [(row["tool"], row["status"]) for row in rows] == [
+        ("getCurrentSelection", "ok"),
+        ("getLatestSelection", "ok"),
+        ("getDiagnostics", "ok"),
+        ("getDiagnostics", "failed"),
+        ("getDiagnostics", "rejected"),
+        ("getWorkspaceFolders", "ok"),
+        ("openFile", "ok"),
+        ("openFile", "failed"),
+        ("closeAllDiffTabs", "ok"),
+    ]
+    assert rows[4]["error"] == (
+        'Invalid arguments for getDiagnostics: uri: expected a file:// URI of an absolute path, got "a.py"'
+    )
+    assert rows[7]["error"] == f"File not found: {path}.missing"
+    assert all(row["finished_at"] for row in rows)
