@@ -178,9 +178,12 @@ async def toolbus(
         yield client
 
 
-@pytest.fixture(params=["auto", "legacy"])
-def mode(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+@pytest.fixture
+def mode() -> str:
+    """The SDK client's mode for the editor and memory suites. The protocol is an envelope
+    around the same bus: tests/test_protocol_versions.py calls every tool in every mode and
+    version, so the suites need not run twice."""
+    return "auto"
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The four editor tools end to end: `toolbus serve` over stdio, a real Neovim, a real journal.
 
-One test per acceptance criterion of seeds 000-003, each in both protocol modes.
+One test per acceptance criterion of seeds 000-003 (every protocol version: test_protocol_versions).
 """
 
 from __future__ import annotations
