@@ -32,8 +32,9 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     tool: ClassVar[str]
     description: ClassVar[str]
     schema: ClassVar[dict[str, Any]]
-    # Commands that change the world are journaled before they run (write-ahead);
-    # queries are recorded together with their outcome in one transaction.
+    # Commands that change the world are journaled before they run (write-ahead), durably;
+    # queries are recorded together with their outcome in one transaction, committed before
+    # the reply and on disk within a second.
     mutates: ClassVar[bool] = False
     # ...and of those, the ones whose change happens outside the journal (in Neovim, on disk).
     acts_outside: ClassVar[bool] = False

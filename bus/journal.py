@@ -41,6 +41,9 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
     arguments: Any
     caller: Caller
     received_ns: int  # time.time_ns() at arrival
+    # False for a call that changes nothing (a query, a rejected call): its record need not
+    # wait for the disk (see `JournalWriter.finish`).
+    changes: bool = True
 
 
 class JournalWriter(Protocol):
@@ -61,7 +64,9 @@ class JournalWriter(Protocol):
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """Commit the outcome (inserting the command first when `command_id` is None);
-        return the positions given to `events`."""
+        return the positions given to `events`. The record of a call that `changes` something
+        is durable on disk when this returns; any other is committed (it survives a crash of
+        toolbus) and reaches the disk with the next change's sync, within a second at most."""
         ...
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:

@@ -3,7 +3,8 @@
 Write ahead, answer after: a command that changes the world is recorded (status `in_doubt`)
 before its handler runs; its events and final status are committed in one transaction
 before the reply leaves. A query is recorded with its outcome in one transaction, also
-before the reply. A crash in between leaves an `in_doubt` command, never a silent gap.
+before the reply, but not synced (it reaches the disk within a second). A crash in between
+leaves an `in_doubt` command, never a silent gap.
 """
 
 from __future__ import annotations
@@ -74,14 +75,18 @@ class Bus:
 
     async def handle(self, tool: str, arguments: Mapping[str, Any] | None, caller: Caller) -> Reply:
         """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot."""
-        record = CommandRecord(tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns())
         command_type = self.commands.get(tool)
+        changes = command_type is not None and command_type.mutates
+        record = CommandRecord(
+            tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns(), changes=changes
+        )
         try:
             if command_type is None:
                 raise InvalidArguments(tool, f"unknown tool; known tools: {', '.join(self.commands)}")
             command = decode_command(command_type, arguments)
-        except InvalidArguments as error:
-            await self._journal.finish(record, None, "rejected", error=str(error))
+        except InvalidArguments as error:  # it changed nothing: its record need not wait for the disk
+            rejected = msgspec.structs.replace(record, changes=False)
+            await self._journal.finish(rejected, None, "rejected", error=str(error))
             raise
         command_id = await self._journal.begin(record) if command_type.mutates else None
         return await self._run(command, record, command_id)
