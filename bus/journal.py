@@ -49,8 +49,9 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
 class JournalWriter(Protocol):
     """The write side of the journal, as the bus needs it."""
 
-    async def begin(self, record: CommandRecord) -> int:
-        """Record a command as `in_doubt`; return its id."""
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+        """Record a command as `in_doubt` with `keep` (texts its action would destroy), in one
+        transaction durable on disk when this returns; return the command's id."""
         ...
 
     async def finish(
@@ -70,7 +71,8 @@ class JournalWriter(Protocol):
         ...
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        """Store texts (content-addressed, so idempotent) in a transaction of their own."""
+        """Store texts (content-addressed, so idempotent) in a transaction of their own,
+        durable on disk when this returns."""
         ...
 
 

@@ -219,9 +219,11 @@ class SqliteJournal:
 
     # --- the bus's side (bus.Journal) ---------------------------------------------------
 
-    async def begin(self, record: CommandRecord) -> int:
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
         def work(conn: sqlite3.Connection) -> int:
             with self._transaction(conn, sync=True):
+                if keep:
+                    _insert_blobs(conn, keep)
                 return _insert_command(conn, record, "in_doubt")
 
         return await self.run(work)
