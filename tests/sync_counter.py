@@ -31,7 +31,9 @@ from pathlib import Path
 import pytest
 
 _P = ctypes.c_void_p
-_OPEN = ctypes.CFUNCTYPE(ctypes.c_int, _P, ctypes.c_char_p, _P, ctypes.c_int, _P)
+# The file name stays a raw pointer: SQLite keeps it (and reads URI parameters after it), so a
+# copy that ctypes would free after the call must never be handed on.
+_OPEN = ctypes.CFUNCTYPE(ctypes.c_int, _P, _P, _P, ctypes.c_int, _P)
 _SYNC = ctypes.CFUNCTYPE(ctypes.c_int, _P, ctypes.c_int)
 
 
@@ -132,11 +134,11 @@ class SyncCounter:
         real_open = _OPEN(self._real.contents.xOpen)
         real_vfs = ctypes.cast(self._real, _P)
 
-        def x_open(vfs: int, name: bytes | None, file: int, flags: int, out_flags: int) -> int:
+        def x_open(vfs: int, name: int | None, file: int, flags: int, out_flags: int) -> int:
             result = real_open(real_vfs, name, file, flags, out_flags)
             slot = ctypes.cast(file, ctypes.POINTER(_P))
             if result == 0 and slot[0]:
-                self._paths[file] = name.decode() if name else ""
+                self._paths[file] = ctypes.string_at(name).decode() if name else ""
                 slot[0] = self._counting(slot[0])
             return int(result)
 
