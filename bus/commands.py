@@ -52,10 +52,11 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     description: ClassVar[str]
     schema: ClassVar[dict[str, Any]]
     hints: ClassVar[ToolHints]
-    # Commands that change the world are journaled before they run (write-ahead);
-    # queries are recorded together with their outcome in one transaction.
+    # Commands that change the world: their records are durable on disk before the reply;
+    # a query's is committed, and reaches the disk within a second.
     mutates: ClassVar[bool] = False
-    # ...and of those, the ones whose change happens outside the journal (in Neovim, on disk).
+    # ...and of those, the ones whose change happens outside the journal (in Neovim, on disk):
+    # their handlers call `HandlerContext.write_ahead` before they act.
     acts_outside: ClassVar[bool] = False
     # Calls to the editor take effect in the order they arrive (the MCP edge sees to it).
     editor: ClassVar[bool] = False

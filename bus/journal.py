@@ -41,13 +41,17 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
     arguments: Any
     caller: Caller
     received_ns: int  # time.time_ns() at arrival
+    # False for a call that changes nothing (a query, a rejected call): its record need not
+    # wait for the disk (see `JournalWriter.finish`).
+    changes: bool = True
 
 
 class JournalWriter(Protocol):
     """The write side of the journal, as the bus needs it."""
 
-    async def begin(self, record: CommandRecord) -> int:
-        """Record a command as `in_doubt`; return its id."""
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+        """Record a command as `in_doubt` with `keep` (texts its action would destroy), in one
+        transaction durable on disk when this returns; return the command's id."""
         ...
 
     async def finish(
@@ -61,11 +65,14 @@ class JournalWriter(Protocol):
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """Commit the outcome (inserting the command first when `command_id` is None);
-        return the positions given to `events`."""
+        return the positions given to `events`. The record of a call that `changes` something
+        is durable on disk when this returns; any other is committed (it survives a crash of
+        toolbus) and reaches the disk with the next change's sync, within a second at most."""
         ...
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        """Store texts (content-addressed, so idempotent) in a transaction of their own."""
+        """Store texts (content-addressed, so idempotent) in a transaction of their own,
+        durable on disk when this returns."""
         ...
 
 

@@ -1,9 +1,11 @@
 """The bus: arguments in, a typed command through its handler, the outcome journaled, a reply out.
 
-Write ahead, answer after: a command that changes the world is recorded (status `in_doubt`)
-before its handler runs; its events and final status are committed in one transaction
-before the reply leaves. A query is recorded with its outcome in one transaction, also
-before the reply. A crash in between leaves an `in_doubt` command, never a silent gap.
+Write ahead, answer after: a command that acts outside the journal (writes a file, wipes a
+buffer) is recorded (status `in_doubt`) before it acts, with the texts the action would
+destroy, in one durable transaction; its events and final status are committed in one more
+before the reply leaves. A command that changes only the journal, and a query, is recorded
+with its outcome in one transaction, also before the reply. A crash in between leaves an
+`in_doubt` command, never a silent gap: two syncs at most for a change, none for a query.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import re
 import time
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -36,19 +38,26 @@ class HandlerContext(Generic[C]):
     caller: Caller
     services: Any
     _journal: JournalWriter
-    _commit: Callable[[Sequence[Event], Mapping[str, bytes]], Awaitable[list[int]]]
+    _record: CommandRecord
+    # The write-ahead row's id, once `write_ahead` has written it.
+    command_id: int | None = field(default=None)
     # Set once a commit is under way: from then on its outcome, not the bus, decides the status.
     commit_attempted: bool = field(default=False)
 
-    async def keep(self, blobs: Mapping[str, bytes]) -> None:
-        """Make texts durable now, before an action that would destroy them."""
-        await self._journal.keep_blobs(blobs)
+    async def write_ahead(self, keep: Mapping[str, bytes] | None = None) -> None:
+        """Call before acting outside the journal: records the command as `in_doubt`, with `keep`
+        (the texts the action would destroy), durably and in one transaction. Called again (a
+        retry), it keeps the new texts in a transaction of their own."""
+        if self.command_id is None:
+            self.command_id = await self._journal.begin(self._record, keep)
+        elif keep:
+            await self._journal.keep_blobs(keep)
 
     async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
         """Append the outcome events (and the blobs they name) and mark the command done.
         Returns the events' journal positions."""
         self.commit_attempted = True
-        return await self._commit(events, blobs or {})
+        return await self._journal.finish(self._record, self.command_id, "ok", events=events, blobs=blobs or {})
 
 
 Handler = Callable[[Any, HandlerContext[Any]], Awaitable[Reply]]
@@ -74,40 +83,40 @@ class Bus:
 
     async def handle(self, tool: str, arguments: Mapping[str, Any] | None, caller: Caller) -> Reply:
         """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot."""
-        record = CommandRecord(tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns())
         command_type = self.commands.get(tool)
+        changes = command_type is not None and command_type.mutates
+        record = CommandRecord(
+            tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns(), changes=changes
+        )
         try:
             if command_type is None:
                 raise InvalidArguments(tool, f"unknown tool; known tools: {', '.join(self.commands)}")
             command = decode_command(command_type, arguments)
-        except InvalidArguments as error:
-            await self._journal.finish(record, None, "rejected", error=str(error))
+        except InvalidArguments as error:  # it changed nothing: its record need not wait for the disk
+            rejected = msgspec.structs.replace(record, changes=False)
+            await self._journal.finish(rejected, None, "rejected", error=str(error))
             raise
-        command_id = await self._journal.begin(record) if command_type.mutates else None
-        return await self._run(command, record, command_id)
+        return await self._run(command, record)
 
-    async def _run(self, command: Command, record: CommandRecord, command_id: int | None) -> Reply:
-        async def commit(events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
-            return await self._journal.finish(record, command_id, "ok", events=events, blobs=blobs)
-
+    async def _run(self, command: Command, record: CommandRecord) -> Reply:
         context: HandlerContext[Any] = HandlerContext(
-            caller=record.caller, services=self.services, _journal=self._journal, _commit=commit
+            caller=record.caller, services=self.services, _journal=self._journal, _record=record
         )
         handler = self._handlers[type(command)]
         try:
             reply = await handler(command, context)
         except ToolbusError as error:
             if not _effect_unrecorded(command, context):
-                await self._finish_failed(record, command_id, str(error), _status_of(error, command))
+                await self._finish_failed(record, context.command_id, str(error), _status_of(error, command))
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
             message = f"{record.tool} failed: internal error: {error!r}"
             if not _effect_unrecorded(command, context):
-                await self._finish_failed(record, command_id, message)
+                await self._finish_failed(record, context.command_id, message)
             raise Fault(message) from error
         if not context.commit_attempted:
-            await commit((), {})
+            await context.commit()
         return reply
 
     async def _finish_failed(
@@ -123,8 +132,9 @@ class Bus:
 def _effect_unrecorded(command: Command, context: HandlerContext[Any]) -> bool:
     """The command changed something outside the journal, then failed to record it: its
     write-ahead row must stay `in_doubt`. (A failed commit of a journal-only change, like a
-    memory save, rolled back whole: that is a plain failure.)"""
-    return context.commit_attempted and command.acts_outside
+    memory save, rolled back whole: that is a plain failure; so is one of a command that never
+    wrote ahead, for it never acted.)"""
+    return context.commit_attempted and command.acts_outside and context.command_id is not None
 
 
 def _status_of(error: ToolbusError, command: Command) -> Status:

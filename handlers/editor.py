@@ -107,15 +107,14 @@ async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> 
 
 
 async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
-    """The disk text the write will replace, durable before the write: a save is never a loss."""
-    if target.before is None:
-        return None
-    replaced = blob_hash(target.before)
+    """Write ahead, with the disk text the write will replace: durable before the write, so a
+    save is never a loss."""
+    kept = {} if target.before is None else {blob_hash(target.before): target.before}
     try:
-        await context.keep({replaced: target.before})
+        await context.write_ahead(kept)
     except JournalUnavailable as error:
         raise JournalUnavailable(f"{error}. Nothing was written: {target.path} is unchanged") from error
-    return replaced
+    return next(iter(kept), None)
 
 
 async def _write(editor: Editor, target: SaveTarget) -> SaveOutcome:
@@ -176,18 +175,16 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
                 TabCloseSkipped(tab_name=command.tab_name, reason=match.status, candidates=match.candidates)
             )
             return TAB_CLOSED
-        discarded = None
-        if match.discarded is not None:
-            # Durable before the wipe: a close is never a loss, whatever happens next.
-            discarded = blob_hash(match.discarded)
-            await context.keep({discarded: match.discarded})
+        kept = {} if match.discarded is None else {blob_hash(match.discarded): match.discarded}
+        # Durable before the wipe, with the unsaved text: a close is never a loss, whatever happens next.
+        await context.write_ahead(kept)
         if await editor.wipe(match.buffer, match.tick):
             await context.commit(
                 TabClosed(
                     path=match.path,
                     tab_name=command.tab_name,
                     was_modified=match.modified,
-                    discarded_blob=discarded,
+                    discarded_blob=next(iter(kept), None),
                 )
             )
             return TAB_CLOSED

@@ -20,6 +20,7 @@ async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Re
     editor: Editor = context.services.editor
     content = await _text(context.services.texts, command.blob)
     known = [await _text(context.services.texts, digest) for digest in command.known]
+    await context.write_ahead()
     result = await editor.replace_file(command.file, content, known)
     if result.status == "modified":
         raise Fault(_unsaved(command.file))
@@ -35,6 +36,7 @@ async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Re
 
 async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Replayed:
     editor: Editor = context.services.editor
+    await context.write_ahead()
     closed = await editor.close_file(command.file)
     if closed == "modified":
         raise Fault(_unsaved(command.file))

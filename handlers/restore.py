@@ -26,9 +26,8 @@ async def restore_file(command: RestoreFile, context: HandlerContext[Any]) -> Re
     if content is None:
         raise Fault(f"the journal has lost blob {command.blob}: it cannot be recovered")
     before = await files.read(path)
-    if before is not None:
-        # Durable before the write: whatever happens next, what it overwrites is not lost.
-        await context.keep({blob_hash(before): before})
+    # Durable before the write: whatever happens next, what it overwrites is not lost.
+    await context.write_ahead({blob_hash(before): before} if before is not None else None)
     replaced = await files.replace(path, content)
     blobs = {command.blob: content}
     if replaced is not None:  # normally `before`; it differs if the file changed in between

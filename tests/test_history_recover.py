@@ -202,8 +202,8 @@ class FailingCommits:
     def __init__(self, journal: SqliteJournal) -> None:
         self.journal = journal
 
-    async def begin(self, record: CommandRecord) -> int:
-        return await self.journal.begin(record)
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+        return await self.journal.begin(record, keep)
 
     async def finish(
         self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any

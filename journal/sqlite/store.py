@@ -1,6 +1,7 @@
 """The journal: one SQLite file, append-only, shared safely by several toolbus processes.
 
-WAL, `BEGIN IMMEDIATE` for every write, a busy timeout, `synchronous=FULL` by default.
+WAL, `BEGIN IMMEDIATE` for every write, a busy timeout, `synchronous=FULL` by default, but
+for the records of calls that change nothing (`_Flusher` says how those reach the disk).
 Event positions are the `events` rowid: gapless and in commit order across processes,
 because every append happens inside an immediate (exclusive-writer) transaction.
 """
@@ -17,7 +18,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
@@ -54,6 +55,8 @@ log = logging.getLogger("toolbus.journal")
 # commit checkpoints by itself because the background thread has not (SQLite's default: 1000).
 CHECKPOINT_DELAY = 0.05
 FALLBACK_CHECKPOINT_PAGES = 10_000
+# How long after a read's unsynced commit the WAL is fsynced (SPEC: within one second at most).
+READ_FLUSH_DELAY = 0.2
 
 
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
@@ -78,10 +81,12 @@ class SqliteJournal:
         self.path = path
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
+        self._synchronous = synchronous
         self._conn = self._open(create, synchronous)
         self._identity = _identity(path)
         self._worker: _Worker | None = None
         self._checkpointer = _Checkpointer(path, synchronous, self._lock)
+        self._flusher = _Flusher(Path(f"{path}-wal"))
         self._changes = self._conn.total_changes
 
     # --- opening ----------------------------------------------------------------------
@@ -141,6 +146,7 @@ class SqliteJournal:
         if self._worker is not None:
             self._worker.stop()
         self._checkpointer.stop()
+        self._flusher.stop()
         with self._lock:
             self._conn.close()
 
@@ -191,11 +197,33 @@ class SqliteJournal:
 
     transaction = staticmethod(transaction)
 
+    @contextlib.contextmanager
+    def _transaction(self, conn: sqlite3.Connection, *, sync: bool) -> Iterator[None]:
+        """`transaction`, whose commit waits for the disk (`sync`: a change's record) or not (the
+        record of a call that changed nothing: committed, so it survives a crash of toolbus, and
+        brought to the disk by `_Flusher`). `PRAGMA synchronous` may change between transactions;
+        with `--journal-sync NORMAL` nothing waits for the disk, as the user chose."""
+        relaxed = not sync and self._synchronous == "FULL"
+        if relaxed:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self.transaction(conn):
+                yield
+        finally:
+            if relaxed:
+                conn.execute("PRAGMA synchronous = FULL")
+        if relaxed:
+            self._flusher.unsynced()
+        elif self._synchronous == "FULL":
+            self._flusher.synced()
+
     # --- the bus's side (bus.Journal) ---------------------------------------------------
 
-    async def begin(self, record: CommandRecord) -> int:
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
         def work(conn: sqlite3.Connection) -> int:
-            with self.transaction(conn):
+            with self._transaction(conn, sync=True):
+                if keep:
+                    _insert_blobs(conn, keep)
                 return _insert_command(conn, record, "in_doubt")
 
         return await self.run(work)
@@ -225,14 +253,14 @@ class SqliteJournal:
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """One transaction: the command's final row, its blobs, its events and their projections.
-        Every record waits for the disk as configured (FULL by default): an acknowledged call,
-        query or change, is never lost."""
-        with self.transaction(conn):
+        A change's record waits for the disk as configured (FULL by default); any other is
+        committed without waiting, and reaches the disk within a second (`_Flusher`)."""
+        with self._transaction(conn, sync=record.changes):
             return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
         def work(conn: sqlite3.Connection) -> None:
-            with self.transaction(conn):
+            with self._transaction(conn, sync=True):
                 _insert_blobs(conn, blobs)
 
         await self.run(work)
@@ -418,6 +446,69 @@ class _Checkpointer:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:  # another process is checkpointing, or the disk is unhappy: next time
             log.debug("background checkpoint of %s failed", self._path, exc_info=True)
+
+
+class _Flusher:
+    """Brings the records committed without a sync (reads') to the disk within a second.
+
+    Such a commit has written its frames to the -wal file: a crash of toolbus cannot lose them,
+    a power cut can until the file is fsynced. The next change's commit does that (SQLite syncs
+    the whole -wal file at FULL, earlier frames with it); if none comes, this thread fsyncs the
+    file READ_FLUSH_DELAY after the first unsynced commit, whatever else the journal is doing
+    (a checkpoint pass may take longer than a second, so it is not done on that thread). An
+    fsync on our own descriptor flushes the pages other descriptors wrote; and SQLite keeps no
+    POSIX lock on the -wal file (WAL locks live in -shm), so closing ours releases none of its.
+    Called under the writers' lock (`unsynced`, `synced`), so a commit is written before it is
+    counted; a flag cleared before the fsync can only cause one fsync too many, never one too few.
+    """
+
+    def __init__(self, wal: Path) -> None:
+        self._wal = wal
+        self._pending = False
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def unsynced(self) -> None:
+        """A commit did not wait for the disk: fsync soon."""
+        self._pending = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="toolbus-flush", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def synced(self) -> None:
+        """A commit synced the -wal file, with every earlier frame in it."""
+        self._pending = False
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._flush()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._stopping.wait(READ_FLUSH_DELAY)  # gather a burst of reads into one fsync
+            self._wake.clear()
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        self._pending = False
+        try:
+            fd = os.open(self._wal, os.O_RDONLY)
+        except FileNotFoundError:  # the last connection closed: checkpointed, synced and removed
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            log.warning("could not fsync %s: reads' records wait for the next change", self._wal, exc_info=True)
+        finally:
+            os.close(fd)
 
 
 class _Worker:

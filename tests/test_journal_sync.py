@@ -1,0 +1,263 @@
+"""What each call waits for on the disk, counted at the source (`tests.sync_counter`).
+
+A change's record is durable before its answer, at two syncs at most (the write-ahead row with
+the text it must keep, then the outcome). A read's record is committed before its answer but
+not synced: a fresh connection sees it at once, and a power cut (simulated: each journal file
+as it was at its last sync) keeps it once the next change has synced, or the background flush
+has, a fraction of a second later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.sync_counter import SyncCounter, counting_syncs, fresh_copy
+from toolbus.bus import (
+    TOOL_COMMANDS,
+    Bus,
+    Caller,
+    CommandRecord,
+    Event,
+    InvalidArguments,
+    JournalUnavailable,
+    Status,
+    blob_hash,
+)
+from toolbus.handlers import HANDLERS, SaveOutcome, SaveTarget, TabMatch
+from toolbus.journal.sqlite import SqliteJournal, store
+from toolbus.journal.sqlite.store import _Checkpointer
+
+JOURNAL_THREAD = "toolbus-journal"  # where the bus's commits run: syncs there delay an answer
+CALLER = Caller(agent="test")
+OLD, NEW, UNSAVED = b"on disk before\n", b"written\n", b"typed, never saved\n"
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncCounter]:
+    # No background checkpoints: they sync the WAL too, and would hide whether anything else did.
+    monkeypatch.setattr(_Checkpointer, "nudge", lambda self: None)
+    with counting_syncs(monkeypatch) as counter:
+        yield counter
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "journal.db"
+
+
+def record(tool: str, *, changes: bool) -> CommandRecord:
+    return CommandRecord(tool=tool, arguments={}, caller=CALLER, received_ns=time.time_ns(), changes=changes)
+
+
+def tools(database: Path) -> list[tuple[str, str]]:
+    """(tool, status) of every command a fresh connection sees in the journal at `database`."""
+    conn = sqlite3.connect(database)
+    try:
+        return list(conn.execute("SELECT tool, status FROM commands ORDER BY id"))
+    finally:
+        conn.close()
+
+
+def blobs(database: Path) -> set[str]:
+    conn = sqlite3.connect(database)
+    try:
+        return {digest for (digest,) in conn.execute("SELECT hash FROM blobs")}
+    finally:
+        conn.close()
+
+
+# --- the journal ----------------------------------------------------------------------------
+
+
+def test_a_read_commits_without_a_sync_and_the_next_change_syncs_it(
+    syncs: SyncCounter, path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "READ_FLUSH_DELAY", 60)  # no flush while we look
+    journal = SqliteJournal(path)
+    try:
+        syncs.reset()
+        anyio.run(journal.finish, record("search", changes=False), None, "ok")
+        assert syncs.count(path) == 0
+        assert tools(fresh_copy(path, tmp_path / "crash")) == [("search", "ok")]  # committed
+        assert tools(syncs.power_cut(path, tmp_path / "cut1")) == []  # not yet on disk
+
+        anyio.run(journal.finish, record("save", changes=True), None, "ok")
+        assert syncs.count(path, JOURNAL_THREAD) == 1
+        assert tools(syncs.power_cut(path, tmp_path / "cut2")) == [("search", "ok"), ("save", "ok")]
+    finally:
+        journal.close()
+
+
+def test_a_read_reaches_the_disk_within_a_second_without_a_change(
+    syncs: SyncCounter, path: Path, tmp_path: Path
+) -> None:
+    assert store.READ_FLUSH_DELAY < 1  # SPEC: on disk within one second at most
+    journal = SqliteJournal(path)
+    try:
+        syncs.reset()
+        anyio.run(journal.finish, record("search", changes=False), None, "ok")
+        deadline = time.monotonic() + 10  # a loaded machine may be slow; the bound is the delay above
+        while syncs.count(path, "toolbus-flush") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert syncs.count(path) == syncs.count(path, "toolbus-flush") == 1
+        assert tools(syncs.power_cut(path, tmp_path / "cut")) == [("search", "ok")]
+    finally:
+        journal.close()
+
+
+def test_with_journal_sync_normal_nothing_waits_for_the_disk(syncs: SyncCounter, path: Path) -> None:
+    journal = SqliteJournal(path, synchronous="NORMAL")
+    try:
+        syncs.reset()
+        anyio.run(journal.finish, record("search", changes=False), None, "ok")
+        anyio.run(journal.begin, record("saveDocument", changes=True), {blob_hash(OLD): OLD})
+        assert syncs.count(path) == 0  # the user's choice: safe from a crash of toolbus only
+    finally:
+        journal.close()
+
+
+def test_begin_keeps_its_texts_in_its_one_durable_transaction(
+    syncs: SyncCounter, path: Path, tmp_path: Path
+) -> None:
+    journal = SqliteJournal(path)
+    try:
+        syncs.reset()
+        anyio.run(journal.begin, record("close_tab", changes=True), {blob_hash(UNSAVED): UNSAVED})
+        assert syncs.count(path, JOURNAL_THREAD) == 1
+        cut = syncs.power_cut(path, tmp_path / "cut")
+        assert (tools(cut), blobs(cut)) == ([("close_tab", "in_doubt")], {blob_hash(UNSAVED)})
+    finally:
+        journal.close()
+
+
+# --- tool calls through the bus ---------------------------------------------------------------
+
+
+class FakeEditor:
+    """One open file with unsaved text; before each action, checks what a power cut would keep."""
+
+    def __init__(self, syncs: SyncCounter, journal: Path, scratch: Path) -> None:
+        self.syncs, self.journal, self.scratch = syncs, journal, scratch
+        self.on_disk_before_acting: list[tuple[list[tuple[str, str]], set[str]]] = []
+
+    def _look(self) -> None:
+        cut = self.syncs.power_cut(self.journal, self.scratch / f"cut{len(self.on_disk_before_acting)}")
+        self.on_disk_before_acting.append((tools(cut), blobs(cut)))
+
+    async def is_dirty(self, path: str) -> bool | None:
+        return True
+
+    async def inspect_save(self, path: str) -> SaveTarget:
+        return SaveTarget(status="ready", path=path, buffer=1, tick=1, before=OLD)
+
+    async def write(self, target: SaveTarget) -> SaveOutcome:
+        self._look()
+        return SaveOutcome(status="saved", after=NEW)
+
+    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
+        return TabMatch(status="found", buffer=1, tick=1, path=path or tab_name, modified=True, discarded=UNSAVED)
+
+    async def wipe(self, buffer: int, tick: int) -> bool:
+        self._look()
+        return True
+
+
+def _bus(journal: Any, editor: FakeEditor) -> Bus:
+    return Bus({c.tool: c for c in TOOL_COMMANDS}, HANDLERS, journal, SimpleNamespace(editor=editor))
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "kept"),
+    [
+        ("saveDocument", {"filePath": "/src/a.py"}, OLD),
+        ("close_tab", {"tab_name": "/src/a.py"}, UNSAVED),
+    ],
+)
+def test_a_change_takes_two_syncs_and_keeps_its_text_on_disk_before_it_acts(
+    syncs: SyncCounter, path: Path, tmp_path: Path, tool: str, arguments: dict[str, str], kept: bytes
+) -> None:
+    journal = SqliteJournal(path)
+    editor = FakeEditor(syncs, path, tmp_path)
+    try:
+        syncs.reset()
+        anyio.run(_bus(journal, editor).handle, tool, arguments, CALLER)
+        assert syncs.count(path, JOURNAL_THREAD) == 2
+        assert editor.on_disk_before_acting == [([(tool, "in_doubt")], {blob_hash(kept)})]
+        assert tools(syncs.power_cut(path, tmp_path / "after")) == [(tool, "ok")]
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "rejected"),
+    [
+        ("checkDocumentDirty", {"filePath": "/src/a.py"}, False),
+        ("checkDocumentDirty", {"filePath": "src/a.py"}, True),
+        ("no_such_tool", {}, True),
+    ],
+)
+def test_a_read_or_a_rejected_call_takes_no_sync(
+    syncs: SyncCounter, path: Path, tmp_path: Path, tool: str, arguments: dict[str, str], rejected: bool
+) -> None:
+    journal = SqliteJournal(path)
+    try:
+        syncs.reset()
+        with pytest.raises(InvalidArguments) if rejected else contextlib.nullcontext():
+            anyio.run(_bus(journal, FakeEditor(syncs, path, tmp_path)).handle, tool, arguments, CALLER)
+        assert syncs.count(path, JOURNAL_THREAD) == 0
+        status = "rejected" if rejected else "ok"
+        assert tools(fresh_copy(path, tmp_path / "crash")) == [(tool, status)]  # committed before the answer
+    finally:
+        journal.close()
+
+
+def test_a_memory_save_takes_one_sync(syncs: SyncCounter, path: Path, tmp_path: Path) -> None:
+    journal = SqliteJournal(path)
+    try:
+        syncs.reset()
+        anyio.run(_bus(journal, FakeEditor(syncs, path, tmp_path)).handle, "save", {"title": "t", "text": "x"}, CALLER)
+        assert syncs.count(path, JOURNAL_THREAD) == 1
+        assert tools(syncs.power_cut(path, tmp_path / "cut")) == [("save", "ok")]
+    finally:
+        journal.close()
+
+
+class OutcomesFail:
+    """The journal, but its outcome commits fail: a disk that fills up mid-command."""
+
+    def __init__(self, journal: SqliteJournal) -> None:
+        self.journal = journal
+
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+        return await self.journal.begin(record, keep)
+
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        await self.journal.keep_blobs(blobs)
+
+    async def finish(
+        self, record: CommandRecord, command_id: int | None, status: Status, *, events: Sequence[Event] = (), **kw: Any
+    ) -> list[int]:
+        raise JournalUnavailable("disk full")
+
+
+def test_a_close_whose_outcome_cannot_be_recorded_stays_in_doubt_with_its_text(
+    syncs: SyncCounter, path: Path, tmp_path: Path
+) -> None:
+    journal = SqliteJournal(path)
+    try:
+        with pytest.raises(JournalUnavailable):
+            bus = _bus(OutcomesFail(journal), FakeEditor(syncs, path, tmp_path))
+            anyio.run(bus.handle, "close_tab", {"tab_name": "/src/a.py"}, CALLER)
+        cut = syncs.power_cut(path, tmp_path / "cut")
+        assert (tools(cut), blobs(cut)) == ([("close_tab", "in_doubt")], {blob_hash(UNSAVED)})
+    finally:
+        journal.close()
