@@ -4,6 +4,8 @@ Write ahead, answer after: a command that changes the world is recorded (status 
 before its handler runs; its events and final status are committed in one transaction
 before the reply leaves. A query is recorded with its outcome in one transaction, also
 before the reply. A crash in between leaves an `in_doubt` command, never a silent gap.
+A call cancelled by its client (or by the server stopping) finishes too, shielded from the
+cancellation: `cancelled`, or `in_doubt` when it may have acted outside the journal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+import anyio
 import msgspec
 
 from toolbus.bus.commands import Command
@@ -25,8 +28,22 @@ from toolbus.bus.journal import Caller, CommandRecord, JournalWriter, Status
 
 log = logging.getLogger("toolbus.bus")
 
-Reply = str | msgspec.Struct | Mapping[str, Any]
+
+@dataclass(frozen=True, slots=True)
+class TextItems:
+    """A reply of several text items, each sent as it is (openDiff answers `FILE_SAVED` and the
+    text, or `DIFF_REJECTED` and the tab name)."""
+
+    items: tuple[str, ...]
+
+
+Reply = str | TextItems | msgspec.Struct | Mapping[str, Any]
 C = TypeVar("C", bound=Command)
+CANCELLED = "cancelled by the client (or the server stopped) before it finished"
+
+
+def _no_wait() -> None:
+    """The edge's hook when nothing waits on a call's turn (the command line, tests)."""
 
 
 @dataclass(slots=True)
@@ -37,12 +54,30 @@ class HandlerContext(Generic[C]):
     services: Any
     _journal: JournalWriter
     _commit: Callable[[Sequence[Event], Mapping[str, bytes]], Awaitable[list[int]]]
+    _command_id: int | None = None
+    # The edge's hook for a call that goes on waiting for a person: later calls need not wait
+    # for it, and its client hears that it is alive.
+    _waiting: Callable[[], None] = _no_wait
     # Set once a commit is under way: from then on its outcome, not the bus, decides the status.
     commit_attempted: bool = field(default=False)
+    # The status if the call is cancelled. A command acting outside the journal may have acted
+    # (a request in flight still runs in Neovim): `in_doubt`, unless its handler knows better.
+    on_cancel: Status = "cancelled"
 
     async def keep(self, blobs: Mapping[str, bytes]) -> None:
         """Make texts durable now, before an action that would destroy them."""
         await self._journal.keep_blobs(blobs)
+
+    async def record(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
+        """Commit events before the outcome (a proposal shown to the user): durable at once,
+        while the command stays `in_doubt` until `commit`. Mutating commands only."""
+        if self._command_id is None:
+            raise TypeError("record() needs a write-ahead command: declare the command `mutates`")
+        return await self._journal.append(self._command_id, events, blobs or {})
+
+    def waiting(self) -> None:
+        """The call now waits for a person: the calls after it go on, its client is kept informed."""
+        self._waiting()
 
     async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
         """Append the outcome events (and the blobs they name) and mark the command done.
@@ -72,8 +107,15 @@ class Bus:
         self._journal = journal
         self.services = services
 
-    async def handle(self, tool: str, arguments: Mapping[str, Any] | None, caller: Caller) -> Reply:
-        """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot."""
+    async def handle(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        caller: Caller,
+        waiting: Callable[[], None] = _no_wait,
+    ) -> Reply:
+        """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot.
+        `waiting` is called if the call goes on to wait for a person (see `HandlerContext.waiting`)."""
         record = CommandRecord(tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns())
         command_type = self.commands.get(tool)
         try:
@@ -84,18 +126,32 @@ class Bus:
             await self._journal.finish(record, None, "rejected", error=str(error))
             raise
         command_id = await self._journal.begin(record) if command_type.mutates else None
-        return await self._run(command, record, command_id)
+        return await self._run(command, record, command_id, waiting)
 
-    async def _run(self, command: Command, record: CommandRecord, command_id: int | None) -> Reply:
+    async def _run(
+        self, command: Command, record: CommandRecord, command_id: int | None, waiting: Callable[[], None]
+    ) -> Reply:
         async def commit(events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
             return await self._journal.finish(record, command_id, "ok", events=events, blobs=blobs)
 
         context: HandlerContext[Any] = HandlerContext(
-            caller=record.caller, services=self.services, _journal=self._journal, _commit=commit
+            caller=record.caller,
+            services=self.services,
+            _journal=self._journal,
+            _commit=commit,
+            _command_id=command_id,
+            _waiting=waiting,
+            on_cancel="in_doubt" if command.acts_outside else "cancelled",
         )
         handler = self._handlers[type(command)]
         try:
             reply = await handler(command, context)
+        except anyio.get_cancelled_exc_class():
+            # The reply will never be sent, but the journal still gets its outcome.
+            with anyio.CancelScope(shield=True):
+                if not context.commit_attempted:
+                    await self._finish_failed(record, command_id, CANCELLED, context.on_cancel)
+            raise
         except ToolbusError as error:
             if not _effect_unrecorded(command, context):
                 await self._finish_failed(record, command_id, str(error), _status_of(error, command))
