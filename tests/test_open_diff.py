@@ -297,3 +297,15 @@ def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> No
     assert path.read_text() == "kept\n"
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "lost")
     assert command["status"] == "failed" and [e["type"] for e in events] == ["DiffProposed"]
+
+
+def test_a_client_that_disconnects_leaves_no_view_and_a_cancelled_call(tmp_path: Path, nvim: NeovimProcess) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    with start_server(tmp_path, nvim) as alone:
+        propose(alone, path, "gone\n", "disconnected")
+        shown(nvim)
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "disconnected")
+    assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
+    assert path.read_text() == "kept\n"
