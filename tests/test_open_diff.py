@@ -6,6 +6,8 @@ connection, and the journal file read as any SQLite tool would.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,6 +89,12 @@ def texts(result: dict[str, Any]) -> list[str]:
     return [item["text"] for item in result["content"]]
 
 
+def toolbus_cli(journal: JournalReader, *args: str) -> str:
+    """`toolbus ARGS --journal ...`, its output."""
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", *args, "--journal", str(journal.path)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=clean_env()).stdout
+
+
 def answers(server: StdioServer, *requests: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The results of `requests` in that order, and the progress notifications met meanwhile
     (read from the raw stream: `wait_for` skips both)."""
@@ -136,6 +144,11 @@ def test_accept_writes_the_proposal_into_the_open_buffer(
     assert proposed["type"] == "DiffProposed" and journal.blob(proposed["data"]["proposed_blob"]) == b"x = 1\ny = 3\n"
     assert accepted["type"] == "DiffAccepted" and accepted["data"]["user_edited"] is False
     assert journal.blob(accepted["data"]["replaced_blob"]) == b"x = 1\ny = 2\n"
+    audit = toolbus_cli(journal, "audit", "--tool", "openDiff", "--limit", "1")
+    assert "diff proposed (12 B)" in audit and "diff accepted: saved 12 B, replaced 12 B" in audit
+    assert toolbus_cli(journal, "recover", str(accepted["position"])) == "x = 1\ny = 2\n"
+    replay = toolbus_cli(journal, "replay", "editor", "--dry-run", "--from", str(accepted["position"]))
+    assert f"@{accepted['position']} accepted diff {path}" in replay
 
 
 def test_the_users_edits_to_the_proposal_are_what_is_written(
@@ -166,6 +179,8 @@ def test_quitting_the_proposal_rejects_it(
     command, [_, rejected] = last_diff(journal, "rejected")
     assert command["status"] == "ok" and rejected["type"] == "DiffRejected"
     assert rejected["data"]["by"] == "user" and journal.blob(rejected["data"]["proposed_blob"]) == b"nope\n"
+    assert toolbus_cli(journal, "recover", str(rejected["position"])) == "nope\n"
+    assert "diff rejected by the user" in toolbus_cli(journal, "history", str(path))
 
 
 def test_toolbus_accept_and_reject_commands(server: StdioServer, nvim: NeovimProcess, files: Path) -> None:
