@@ -756,7 +756,8 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
       decide(id, 'accept')
     end,
   })
-  api.nvim_create_autocmd('BufWipeout', {
+  -- :bd unloads it, :q or :tabclose wipes it ('bufhidden' is wipe): either is a no.
+  api.nvim_create_autocmd({ 'BufUnload', 'BufWipeout' }, {
     group = group,
     buffer = proposal,
     callback = function()

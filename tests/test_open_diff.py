@@ -183,7 +183,7 @@ def test_quitting_the_proposal_rejects_it(
     assert "diff rejected by the user" in toolbus_cli(journal, "history", str(path))
 
 
-def test_toolbus_accept_and_reject_commands(server: StdioServer, nvim: NeovimProcess, files: Path) -> None:
+def test_toolbus_accept_and_reject_commands_and_bdelete(server: StdioServer, nvim: NeovimProcess, files: Path) -> None:
     path = files / "a.py"
     request = propose(server, path, "accepted\n", "by command")
     shown(nvim)
@@ -193,7 +193,12 @@ def test_toolbus_accept_and_reject_commands(server: StdioServer, nvim: NeovimPro
     shown(nvim)
     nvim.command("ToolbusReject")
     assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "by command"]
-    assert path.read_text() == "accepted\n" and tabs(nvim) == 1
+    request = propose(server, path, "deleted\n", "by :bd")
+    shown(nvim)
+    nvim.command("bdelete")
+    assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "by :bd"]
+    assert path.read_text() == "accepted\n"
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
 
 
 def test_a_new_file_is_created_on_accept(
