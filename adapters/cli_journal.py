@@ -143,7 +143,7 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
     _journal_argument(sub)
     sub.add_argument("--tool", help="only this tool (saveDocument, close_tab, save, recover, ...)")
     sub.add_argument("--path", help="only the saves, closes and restores of this file")
-    sub.add_argument("--status", help="only this outcome: ok, rejected, failed or in_doubt")
+    sub.add_argument("--status", help="only this outcome: ok, rejected, failed, in_doubt or cancelled")
     sub.add_argument(
         "--since",
         metavar="TIME",
@@ -217,8 +217,9 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
 def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
     sub = commands.add_parser(
         "recover",
-        help="get back the text a save replaced or a close discarded",
-        description="Print the text that a save replaced or a close discarded (or write it with -o). "
+        help="get back the text a save replaced, a close discarded or a diff rejected",
+        description="Print the text that a save or an accepted diff replaced, a close discarded, or "
+        "the proposal of a rejected diff (or write it with -o). "
         "With --apply, write it back to its file; the restore is journaled like any command.",
     )
     add_settings_arguments(sub)
@@ -306,8 +307,9 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
     editor = what.add_parser(
         "editor",
         help="re-apply recorded saves and closes, in order, to a Neovim",
-        description="Re-apply recorded saves (the exact text written, from the journal), restores and "
-        "closes, in journal order, to the Neovim at --nvim: a session's files are reproduced there. "
+        description="Re-apply recorded saves and accepted diffs (the exact text written, from the "
+        "journal), restores and closes, in journal order, to the Neovim at --nvim: a session's files "
+        "are reproduced there. "
         "A buffer with unsaved changes is never overwritten or wiped: the replay stops there. A file "
         "that holds text the journal does not have for it (edited since, or another file where --map "
         "puts it) is first copied to FILE.~N~, numbered so that an earlier copy is never overwritten. "

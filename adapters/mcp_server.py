@@ -4,24 +4,44 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 from typing import Any, cast
 
+import anyio
 import mcp.types as types
 import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 from toolbus.adapters.arrival import ArrivalOrder
-from toolbus.bus import Bus, Caller, Command, Reply, ToolbusError
+from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
 
+# A call waiting for a person (openDiff) sends a progress notification this often, when its
+# request carries a progressToken: clients reset their request timeout on each. The spec asks
+# for at least every 10 s. $TOOLBUS_PROGRESS_INTERVAL (seconds) overrides it, for tests.
+PROGRESS_INTERVAL = 10.0
 
-def render(reply: Reply) -> str:
-    """A reply as the result text: plain strings as they are, everything else compact JSON."""
-    return reply if isinstance(reply, str) else _json.encode(reply).decode()
+
+def progress_interval() -> float:
+    value = os.environ.get("TOOLBUS_PROGRESS_INTERVAL", "")
+    try:
+        return float(value) if float(value) > 0 else PROGRESS_INTERVAL
+    except ValueError:
+        return PROGRESS_INTERVAL
+
+
+def render(reply: Reply) -> list[types.TextContent]:
+    """A reply as the result's text items: plain strings as they are, several items each as it
+    is, everything else compact JSON."""
+    if isinstance(reply, TextItems):
+        texts = list(reply.items)
+    else:
+        texts = [reply if isinstance(reply, str) else _json.encode(reply).decode()]
+    return [types.TextContent(type="text", text=text) for text in texts]
 
 
 def tool_of(command: type[Command]) -> types.Tool:
@@ -52,6 +72,7 @@ def build_server(
     """The MCP server; with `arrivals` (which the stdio edge fills), editor calls take effect
     in the order they arrived."""
     arrivals = arrivals or ArrivalOrder(())
+    interval = progress_interval()
     tools = [tool_of(cmd) for cmd in bus.commands.values()]
     # stdio serves exactly one client per process: one session id for the process's lifetime.
     session_id = secrets.token_hex(8)
@@ -65,16 +86,44 @@ def build_server(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         caller = _caller(ctx, agent, department, session_id)
-        try:
-            async with arrivals.turn(ctx.request_id):
-                reply = await bus.handle(params.name, params.arguments, caller)
-        except ToolbusError as error:
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=str(error))], is_error=True
-            )
-        return types.CallToolResult(content=[types.TextContent(type="text", text=render(reply))])
+        async with anyio.create_task_group() as keepalive:
+
+            def waiting() -> None:
+                # The calls after this one go on; its client hears it is alive meanwhile.
+                if ctx.request_id is not None:
+                    arrivals.left(ctx.request_id)
+                if (token := _progress_token(ctx)) is not None:
+                    keepalive.start_soon(_report_progress, ctx, token, interval)
+
+            try:
+                async with arrivals.turn(ctx.request_id):
+                    reply = await bus.handle(params.name, params.arguments, caller, waiting)
+            except ToolbusError as error:
+                result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
+            else:
+                result = types.CallToolResult(content=list(render(reply)))
+            keepalive.cancel_scope.cancel()
+        return result
 
     return Server("toolbus", version=version, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _progress_token(ctx: ServerRequestContext[Any]) -> str | int | None:
+    meta: Any = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict) else None
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, interval: float) -> None:
+    """A progress notification every `interval` seconds until cancelled: the call is waiting."""
+    ticks = 0
+    while True:
+        await anyio.sleep(interval)
+        ticks += 1
+        await ctx.session.send_progress_notification(
+            token, float(ticks), message="waiting for the user's decision in Neovim",
+            related_request_id=str(ctx.request_id) if ctx.request_id is not None else None,
+        )
 
 
 def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str) -> Caller:

@@ -668,6 +668,168 @@ function M.close(path)
   return 'closed'
 end
 
+-- --- openDiff ---------------------------------------------------------------------------
+-- A diff view is a tab page: on the left the file's current text (a read-only scratch copy),
+-- on the right the proposal, an editable `acwrite` buffer. The user's decision reaches toolbus
+-- as a notification on the channel that opened the view (no request stays open while the
+-- user thinks): `:w` (or :ToolbusAccept) accepts, closing the proposal (or :ToolbusReject)
+-- rejects.
+
+local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided }
+
+-- `text` as buffer lines, and whether it ends with a newline.
+local function split_text(text)
+  local eol = text:sub(-1) == '\n'
+  local lines = vim.split(eol and text:sub(1, -2) or text, '\n', { plain = true })
+  return lines, eol
+end
+
+local function set_text(buf, text)
+  local lines, eol = split_text(text)
+  api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+  vim.bo[buf].eol = eol
+  vim.bo[buf].fixeol = eol
+end
+
+local function decide(id, action)
+  local view = diffs[id]
+  if not view or view.decided then
+    return
+  end
+  view.decided = true
+  local text = nil
+  if action == 'accept' and api.nvim_buf_is_valid(view.proposal) then
+    text = buffer_text(view.proposal)
+    vim.bo[view.proposal].modified = false
+  end
+  vim.rpcnotify(view.chan, 'toolbus_diff', { id = id, action = action, text = text })
+end
+
+local function scratch(name, text, filetype)
+  local buf = api.nvim_create_buf(false, true)
+  api.nvim_buf_set_name(buf, name)
+  set_text(buf, text)
+  vim.bo[buf].bufhidden = 'wipe'
+  vim.bo[buf].filetype = filetype
+  return buf
+end
+
+-- Open the view, unless the file's buffer has unsaved changes.
+function M.diff_open(id, chan, path, old_path, text, tab_name)
+  local target = find_open(path)
+  if target and vim.bo[target].modified then
+    return { status = 'dirty' }
+  end
+  local old = find_open(old_path)
+  if old and not vim.bo[old].modified then
+    pcall(check_disk, old) -- the left side shows what the disk holds now
+  end
+  local shown = old and buffer_text(old) or read_file(normalise(old_path))
+  shown = shown ~= vim.NIL and shown or ''
+  local base = vim.fs.basename(path)
+  local filetype = vim.filetype.match({ filename = path }) or ''
+  local left = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype)
+  vim.bo[left].modifiable = false
+  local proposal = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype)
+  vim.bo[proposal].buftype = 'acwrite'
+  vim.bo[proposal].swapfile = false
+  vim.bo[proposal].modified = false
+  vim.cmd('tab sbuffer ' .. left)
+  vim.cmd('diffthis')
+  api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
+  vim.cmd('diffthis')
+  vim.t.toolbus_diff = tab_name
+  local resolved = normalise(path)
+  diffs[id] = {
+    chan = chan,
+    path = resolved,
+    disk = disk_identity(resolved),
+    tab = api.nvim_get_current_tabpage(),
+    proposal = proposal,
+    shown = left,
+  }
+  local group = api.nvim_create_augroup(NAME .. '_diff_' .. id, { clear = true })
+  api.nvim_create_autocmd('BufWriteCmd', {
+    group = group,
+    buffer = proposal,
+    callback = function()
+      decide(id, 'accept')
+    end,
+  })
+  -- :bd unloads it, :q or :tabclose wipes it ('bufhidden' is wipe): either is a no.
+  api.nvim_create_autocmd({ 'BufUnload', 'BufWipeout' }, {
+    group = group,
+    buffer = proposal,
+    callback = function()
+      decide(id, 'reject')
+    end,
+  })
+  return { status = 'open', path = resolved, shown = shown }
+end
+
+-- Put the accepted text into the file's buffer (loading it if needed), ready for M.write;
+-- unless the file changed on disk since the view opened, or its buffer was changed meanwhile.
+function M.diff_stage(id, text)
+  local view = diffs[id]
+  if not view then
+    return { status = 'vim_error', message = 'the diff view is gone' }
+  end
+  if disk_identity(view.path) ~= view.disk then
+    return { status = 'conflict', message = 'the file changed on disk since the diff opened' }
+  end
+  local buf = find_open(view.path)
+  if buf and vim.bo[buf].modified then
+    return { status = 'conflict', message = 'its buffer was changed in Neovim since the diff opened' }
+  end
+  local ok, err = pcall(function()
+    vim.fn.mkdir(vim.fs.dirname(view.path), 'p')
+    buf = buf or load(view.path)
+    set_text(buf, text)
+  end)
+  if not ok then
+    return { status = 'vim_error', message = err }
+  end
+  return { status = 'staged' }
+end
+
+-- Close a view: its autocmds first, so that closing it decides nothing.
+function M.diff_close(id)
+  local view = diffs[id]
+  if not view then
+    return false
+  end
+  diffs[id] = nil
+  pcall(api.nvim_del_augroup_by_name, NAME .. '_diff_' .. id)
+  for _, buf in ipairs({ view.proposal, view.shown }) do
+    if api.nvim_buf_is_valid(buf) then
+      api.nvim_buf_delete(buf, { force = true })
+    end
+  end
+  return true
+end
+
+-- The view of the current tab page, for :ToolbusAccept and :ToolbusReject.
+local function current_view()
+  local tab = api.nvim_get_current_tabpage()
+  for id, view in pairs(diffs) do
+    if view.tab == tab then
+      return id
+    end
+  end
+  return nil
+end
+
+for name, action in pairs({ ToolbusAccept = 'accept', ToolbusReject = 'reject' }) do
+  api.nvim_create_user_command(name, function()
+    local id = current_view()
+    if not id then
+      vim.notify('No toolbus diff in this tab page', vim.log.levels.WARN)
+      return
+    end
+    decide(id, action)
+  end, { desc = 'toolbus: ' .. action .. ' the proposal of this diff' })
+end
+
 -- Selection tracking, for getLatestSelection: whenever the user leaves visual mode in a file
 -- buffer, remember what was selected. Neovim has set the '< and '> marks by then.
 api.nvim_create_autocmd('ModeChanged', {

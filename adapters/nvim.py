@@ -15,10 +15,11 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -27,8 +28,13 @@ import msgpack
 import msgspec
 import pynvim
 
-from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable, OpenFile
+from toolbus.bus import EditorLost, EditorTimeout, EditorUnavailable, OpenFile, ToolbusError
 from toolbus.handlers.ports import (
+    DiffCloser,
+    DiffDecision,
+    DiffRequest,
+    DiffStaged,
+    DiffView,
     FileClosed,
     FileDiagnostics,
     FileOpened,
@@ -173,7 +179,8 @@ def attach(address: str) -> pynvim.Nvim:
 
 # --- one msgpack-RPC session on the event loop -------------------------------------------
 
-_REQUEST, _RESPONSE = 0, 1
+_REQUEST, _RESPONSE, _NOTIFICATION = 0, 1, 2
+Listener = Callable[[str, list[Any]], None]  # a notification from Neovim: method, arguments
 
 
 class NvimRequestError(Exception):
@@ -189,9 +196,14 @@ class _Session(asyncio.Protocol):
     one socket write and one read, and a blocked Neovim blocks nothing but its own requests.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, listener: Listener | None = None, on_lost: Callable[[], None] | None = None
+    ) -> None:
         self.address = address
         self.used = False  # has answered at least one request
+        self.channel: int | None = None  # Neovim's id for this connection, once asked (rpcnotify's target)
+        self._listener = listener
+        self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
         self._lost: OSError | None = None
         self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="surrogateescape")
@@ -200,9 +212,12 @@ class _Session(asyncio.Protocol):
         self._ids = itertools.count(1)
 
     @classmethod
-    async def open(cls, address: str) -> _Session:
-        """Connect to a socket path, or to `host:port` over TCP. Raises OSError."""
-        session = cls(address)
+    async def open(
+        cls, address: str, listener: Listener | None = None, on_lost: Callable[[], None] | None = None
+    ) -> _Session:
+        """Connect to a socket path, or to `host:port` over TCP. Raises OSError. `listener` hears
+        Neovim's notifications; `on_lost` is called once the connection is gone."""
+        session = cls(address, listener, on_lost)
         loop = asyncio.get_running_loop()
         if tcp := _tcp_address(address):
             await loop.create_connection(lambda: session, *tcp)
@@ -263,7 +278,12 @@ class _Session(asyncio.Protocol):
                 future.set_exception(NvimRequestError(_error_text(error)))
         elif kind == _REQUEST and self._transport is not None:  # rpcrequest() to us: nothing to serve
             self._transport.write(self._packer.pack([_RESPONSE, message[1], "toolbus serves no requests", None]))
-        # Notifications (kind 2) need no answer.
+        elif kind == _NOTIFICATION and self._listener is not None and len(message) == 3:
+            # rpcnotify() to us (a user's decision on a diff): no answer, and never an error here.
+            try:
+                self._listener(str(message[1]), list(message[2] or []))
+            except Exception:
+                log.exception("could not handle Neovim's notification %r", message[1])
 
     def _lose(self, error: OSError) -> None:
         if self._lost is not None:
@@ -273,6 +293,8 @@ class _Session(asyncio.Protocol):
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        if self._on_lost is not None:
+            self._on_lost()
 
 
 def _tcp_address(address: str) -> tuple[str, int] | None:
@@ -289,6 +311,29 @@ def _error_text(error: Any) -> str:
 
 # --- the Editor adapter ----------------------------------------------------------------
 
+DIFF_NOTIFICATION = "toolbus_diff"  # what nvim.lua's diff views rpcnotify() with
+# close_tab never wipes a file buffer whose name a diff view had: bounded, as a server lives long.
+_KNOWN_DIFF_TABS = 1000
+
+
+@dataclass(eq=False)
+class _Diff:
+    """An open diff view, waiting for its decision: on the connection that opened it, since
+    Neovim notifies that channel."""
+
+    tab_name: str
+    session: _Session
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    decision: DiffDecision | None = None
+
+    def decide(self, decision: DiffDecision) -> bool:
+        """The first decision counts; whether this one did."""
+        if self.decision is not None:
+            return False
+        self.decision = decision
+        self.decided.set()
+        return True
+
 
 class NvimEditor:
     """`handlers.ports.Editor` on a real Neovim."""
@@ -299,6 +344,8 @@ class NvimEditor:
         self._session: _Session | None = None
         self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
+        self._diffs: dict[str, _Diff] = {}  # open views by id
+        self._diff_tabs: dict[str, None] = {}  # names of every view opened, oldest first
 
     # Editor protocol
 
@@ -339,6 +386,84 @@ class NvimEditor:
     async def open_file(self, command: OpenFile) -> FileOpened:
         ask = {name: getattr(command, name) for name in _OPEN_FILE_ASKS}
         return msgspec.convert(await self._lua("open_file", command.file, ask), FileOpened)
+
+    # openDiff: one request opens a view; the decision comes as a notification
+
+    async def open_diff(self, request: DiffRequest) -> DiffView:
+        session = await self._connect()
+        if session.channel is None:
+            session.channel = int((await self.request("nvim_get_api_info"))[0])
+        view_id = secrets.token_hex(8)
+        # Known before Neovim can notify about it (a notification follows the answer anyway).
+        self._diffs[view_id] = _Diff(request.tab_name, session)
+        try:
+            found = await self._lua(
+                "diff_open", view_id, session.channel, request.path, request.old_path, request.text, request.tab_name
+            )
+        except BaseException:
+            self._diffs.pop(view_id, None)
+            raise
+        view = msgspec.convert(_to_bytes(found, ("shown",)), DiffView)
+        if view.status != "open" or self._diffs[view_id].session is not self._session:
+            self._diffs.pop(view_id, None)
+            if view.status == "open":  # the connection was re-made meanwhile: no decision would reach us
+                await self._lua("diff_close", view_id)
+                raise EditorLost("the connection to Neovim was re-made while the diff opened; try again")
+            return view
+        self._diff_tabs[request.tab_name] = None
+        while len(self._diff_tabs) > _KNOWN_DIFF_TABS:
+            del self._diff_tabs[next(iter(self._diff_tabs))]
+        return msgspec.structs.replace(view, id=view_id)
+
+    def diff_waiting(self, tab_name: str) -> bool:
+        return any(diff.tab_name == tab_name for diff in self._diffs.values())
+
+    async def decision(self, view: str) -> DiffDecision:
+        diff = self._diffs[view]
+        await diff.decided.wait()
+        assert diff.decision is not None
+        return diff.decision
+
+    async def stage_diff(self, view: str, text: bytes) -> DiffStaged:
+        return msgspec.convert(await self._lua("diff_stage", view, text), DiffStaged)
+
+    async def close_diff(self, view: str) -> None:
+        diff = self._diffs.pop(view, None)
+        if diff is None or not diff.session.alive:
+            return
+        with contextlib.suppress(ToolbusError, NvimRequestError):
+            await self._lua("diff_close", view)
+
+    async def close_diffs(self, tab_name: str | None, by: DiffCloser) -> int:
+        closing = [
+            view
+            for view, diff in list(self._diffs.items())
+            if (tab_name is None or diff.tab_name == tab_name) and diff.decide(DiffDecision(action="reject", by=by))
+        ]
+        for view in closing:
+            await self.close_diff(view)
+        return len(closing)
+
+    def diff_tab_known(self, tab_name: str) -> bool:
+        return tab_name in self._diff_tabs
+
+    def _heard(self, method: str, args: list[Any]) -> None:
+        """A notification from Neovim: a decision on a diff view."""
+        if method != DIFF_NOTIFICATION or not args or not isinstance(args[0], dict):
+            return
+        found = args[0]
+        diff = self._diffs.get(str(found.get("id")))
+        if diff is None or found.get("action") not in ("accept", "reject"):
+            return
+        text = found.get("text") or ""
+        text = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
+        diff.decide(DiffDecision(action=found["action"], text=text))
+
+    def _session_lost(self) -> None:
+        """A connection is gone: the views it opened will never hear from Neovim."""
+        for diff in self._diffs.values():
+            if not diff.session.alive:
+                diff.decide(DiffDecision(action="lost"))
 
     # `toolbus replay editor` (command-line only commands)
 
@@ -389,7 +514,8 @@ class NvimEditor:
                     "then pass that address with --nvim or $TOOLBUS_NVIM (see :echo v:servername in Neovim)"
                 )
             try:
-                self._session = await _within(_Session.open(found.address), self.timeout)
+                opening = _Session.open(found.address, self._heard, self._session_lost)
+                self._session = await _within(opening, self.timeout)
             except (OSError, TimeoutError) as error:
                 raise _unreachable(found.address, error) from None
         return self._session

@@ -79,6 +79,8 @@ def describe_outcome(entry: AuditEntry) -> str:
         return entry.error.removeprefix(f"Invalid arguments for {entry.tool}: ")
     if entry.status == "in_doubt":
         return "no outcome recorded: still running, or toolbus stopped before it finished"
+    if entry.status == "cancelled":
+        return "cancelled before it finished: nothing done"
     return ""
 
 
@@ -128,6 +130,26 @@ def _replayed(data: dict[str, Any], blobs: dict[str, int]) -> str:
     return f"replayed {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}{kept}"
 
 
+def _proposed(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    return f"diff proposed ({size(blobs.get(data.get('proposed_blob')))})"
+
+
+def _accepted(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    edited = ", edited by the user" if data.get("user_edited") else ""
+    replaced = data.get("replaced_blob")
+    was = f", replaced {size(blobs.get(replaced))}" if replaced else ", new file"
+    return f"diff accepted{edited}: saved {size(data.get('bytes_written'))}{was}"
+
+
+def _accept_failed(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    return f"diff accepted, not saved: {data.get('message', data.get('reason'))}"
+
+
+def _rejected(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    by = data.get("by")
+    return "diff rejected by the user" if by in (None, "user") else f"diff closed by {by} (rejected)"
+
+
 def _observation(data: dict[str, Any], blobs: dict[str, int]) -> str:
     kind, project, visibility = data.get("type"), data.get("project"), data.get("visibility")
     return f"observation saved: {kind} in project {project}, visible to {visibility}"
@@ -140,6 +162,10 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
     "TabCloseSkipped": _close_skipped,
     "FileRestored": _restored,
     "FileReplayed": _replayed,
+    "DiffProposed": _proposed,
+    "DiffAccepted": _accepted,
+    "DiffAcceptFailed": _accept_failed,
+    "DiffRejected": _rejected,
     "ObservationSaved": _observation,
 }
 
@@ -162,7 +188,7 @@ def print_history(reader: JournalReader, path: str, limit: int | None = None) ->
 def _history_row(entry: HistoryEntry) -> list[str]:
     event = entry.event
     who = entry.agent or "-"
-    if entry.tool and entry.tool not in ("saveDocument", "close_tab"):
+    if entry.tool and entry.tool not in ("saveDocument", "close_tab", "openDiff"):
         who += f" ({entry.tool})"
     return [
         f"@{event.position}",
@@ -173,12 +199,19 @@ def _history_row(entry: HistoryEntry) -> list[str]:
     ]
 
 
+_RECOVERABLE_KIND = {
+    "TabClosed": "unsaved, discarded",
+    "DiffRejected": "proposal, rejected",
+    "DiffAcceptFailed": "accepted, not written",
+}
+
+
 def _recoverable_words(event: StoredEvent) -> str:
     field = RECOVERABLE_FIELDS.get(event.type)
     digest = event.data.get(field[0]) if field else None
     if digest is None:
         return "-"
-    kind = "unsaved, discarded" if event.type == "TabClosed" else "replaced"
+    kind = _RECOVERABLE_KIND.get(event.type, "replaced")
     return f"{size(event.blobs.get(digest))} {kind}"
 
 

@@ -12,6 +12,7 @@ from toolbus.bus.commands import (
     GetObservations,
     GetOpenEditors,
     GetWorkspaceFolders,
+    OpenDiff,
     OpenFile,
     ReplayClose,
     ReplayWrite,
@@ -32,12 +33,17 @@ from toolbus.bus.errors import (
     JournalNotFound,
     JournalUnavailable,
     NotFound,
+    Refused,
     ToolbusError,
 )
 from toolbus.bus.events import (
     EVENT_TYPES,
     UPCASTERS,
     AnyEvent,
+    DiffAccepted,
+    DiffAcceptFailed,
+    DiffProposed,
+    DiffRejected,
     DocumentSaved,
     DocumentSaveRefused,
     Event,
@@ -69,7 +75,7 @@ from toolbus.bus.journal import (
     StoredEvent,
     file_streams,
 )
-from toolbus.bus.messagebus import Bus, Handler, HandlerContext, Reply, decode_command
+from toolbus.bus.messagebus import Bus, Handler, HandlerContext, Reply, TextItems, decode_command
 
 __all__ = [
     "EVENT_TYPES",
@@ -87,6 +93,10 @@ __all__ = [
     "CloseTab",
     "Command",
     "CommandRecord",
+    "DiffAcceptFailed",
+    "DiffAccepted",
+    "DiffProposed",
+    "DiffRejected",
     "DocumentSaveRefused",
     "DocumentSaved",
     "EditorLost",
@@ -115,7 +125,9 @@ __all__ = [
     "NoSuchEvent",
     "NotFound",
     "ObservationSaved",
+    "OpenDiff",
     "OpenFile",
+    "Refused",
     "ReplayClose",
     "ReplayWrite",
     "Reply",
@@ -127,6 +139,7 @@ __all__ = [
     "StoredEvent",
     "TabCloseSkipped",
     "TabClosed",
+    "TextItems",
     "Timeline",
     "ToolHints",
     "ToolbusError",

@@ -262,6 +262,46 @@ class OpenFile(FileCommand, frozen=True, kw_only=True):
     makeFrontmost: bool = True
 
 
+class OpenDiff(FileCommand, frozen=True, kw_only=True, dict=True):
+    tool = "openDiff"
+    editor = True
+    description = (
+        "Open a side-by-side diff in Neovim of a file's current text against a proposal, and wait for "
+        "the user: accepting (:w in the proposal) writes the proposal, with the user's edits, to "
+        "new_file_path and answers FILE_SAVED and the text; rejecting (closing it) answers DIFF_REJECTED"
+    )
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "old_file_path": {"type": "string", "description": "Absolute path of the file to compare against"},
+            "new_file_path": {"type": "string", "description": "Absolute path the accepted text is written to"},
+            "new_file_contents": {"type": "string", "description": "The proposed text of the file"},
+            "tab_name": {"type": "string", "description": "Name of the diff view (unique among waiting diffs)"},
+        },
+        "required": ["old_file_path", "new_file_path", "new_file_contents", "tab_name"],
+    }
+    # Destructive: an accepted proposal replaces the file's text (the journal keeps the old one).
+    # Not idempotent: each call asks the user again, and each decision is its own.
+    hints = ToolHints(title="Open diff", read_only=False, destructive=True, idempotent=False)
+    mutates = True
+    acts_outside = True
+
+    path_field = "new_file_path"
+    old_file_path: ShortText
+    new_file_path: ShortText
+    # May be empty: a proposal to empty a file.
+    new_file_contents: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_BYTES)]
+    tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+    @cached_property
+    def old_file(self) -> str:
+        return absolute_path("old_file_path", self.old_file_path)
+
+    def __post_init__(self) -> None:
+        self.file  # noqa: B018  (checked at decoding, as FileCommand does)
+        self.old_file  # noqa: B018
+
+
 class CloseAllDiffTabs(Command, frozen=True, kw_only=True):
     tool = "closeAllDiffTabs"
     editor = True
@@ -501,6 +541,7 @@ TOOL_COMMANDS: tuple[type[Command], ...] = (
     SaveDocument,
     CloseTab,
     OpenFile,
+    OpenDiff,
     CloseAllDiffTabs,
     GetCurrentSelection,
     GetLatestSelection,

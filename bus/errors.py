@@ -44,3 +44,8 @@ class NotFound(ToolbusError):
     """What the call names is not there (a file that does not exist, a document not open) and
     the tool's protocol answers that with `isError`, not a `success:false` result. Nothing was
     changed."""
+
+
+class Refused(ToolbusError):
+    """The call cannot be done in the state the user's editor is in (unsaved changes, a view of
+    that name already waiting), and its protocol answers that with `isError`. Nothing was changed."""

@@ -103,6 +103,44 @@ class FileReplayed(FileEvent, frozen=True, kw_only=True, tag="FileReplayed"):
     kept_copy: str | None = None  # where the file's earlier text, unknown to the journal, was copied
 
 
+class DiffProposed(FileEvent, frozen=True, kw_only=True, tag="DiffProposed"):
+    """openDiff showed the user a proposal for `path` and waits for their decision. Committed
+    when the view opens, so a proposal is never lost, whatever happens next."""
+
+    tab_name: str
+    old_path: str  # the file shown on the left (usually `path` itself)
+    proposed_blob: str
+    shown_blob: str  # the text the proposal was shown against (the buffer's, the disk's, or empty)
+
+
+class DiffAccepted(FileEvent, frozen=True, kw_only=True, tag="DiffAccepted"):
+    """The user accepted a proposal: its text as they left it was written to `path`."""
+
+    tab_name: str
+    written_blob: str
+    bytes_written: int
+    replaced_blob: str | None  # the file before the write; None when there was no file
+    user_edited: bool  # the user changed the proposal before accepting it
+
+
+class DiffAcceptFailed(FileEvent, frozen=True, kw_only=True, tag="DiffAcceptFailed"):
+    """The user accepted a proposal, but nothing was written (the file changed on disk since the
+    diff opened, or Vim refused the write). The text they accepted is kept."""
+
+    tab_name: str
+    final_blob: str
+    reason: Literal["conflict", "vim_error", "busy"]
+    message: str
+
+
+class DiffRejected(FileEvent, frozen=True, kw_only=True, tag="DiffRejected"):
+    """The proposal was turned down, by the user or by closeAllDiffTabs/close_tab. Nothing was written."""
+
+    tab_name: str
+    proposed_blob: str
+    by: Literal["user", "closeAllDiffTabs", "close_tab"] = "user"
+
+
 # --- memory ----------------------------------------------------------------------------
 
 
@@ -128,7 +166,17 @@ class ObservationSaved(Event, frozen=True, kw_only=True, tag="ObservationSaved")
 
 
 AnyEvent = (
-    DocumentSaved | DocumentSaveRefused | TabClosed | TabCloseSkipped | FileRestored | FileReplayed | ObservationSaved
+    DocumentSaved
+    | DocumentSaveRefused
+    | TabClosed
+    | TabCloseSkipped
+    | FileRestored
+    | FileReplayed
+    | DiffProposed
+    | DiffAccepted
+    | DiffAcceptFailed
+    | DiffRejected
+    | ObservationSaved
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -140,6 +188,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TabCloseSkipped,
         FileRestored,
         FileReplayed,
+        DiffProposed,
+        DiffAccepted,
+        DiffAcceptFailed,
+        DiffRejected,
         ObservationSaved,
     )
 }

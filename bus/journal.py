@@ -13,7 +13,7 @@ import msgspec
 
 from toolbus.bus.events import Event, file_stream
 
-Status = Literal["ok", "rejected", "failed", "in_doubt"]
+Status = Literal["ok", "rejected", "failed", "in_doubt", "cancelled"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 
 # Event data fields that name a blob, and what the blob's text is to a person.
@@ -21,6 +21,9 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     "DocumentSaved": ("replaced_blob", "the text on disk that the save replaced"),
     "TabClosed": ("discarded_blob", "the unsaved text that the close discarded"),
     "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
+    "DiffAccepted": ("replaced_blob", "the text on disk that the accepted diff replaced"),
+    "DiffRejected": ("proposed_blob", "the proposal the user rejected"),
+    "DiffAcceptFailed": ("final_blob", "the text the user accepted, which could not be written"),
 }
 
 
@@ -68,6 +71,11 @@ class JournalWriter(Protocol):
         return the positions given to `events`. The record of a call that `changes` something
         is durable on disk when this returns; any other is committed (it survives a crash of
         toolbus) and reaches the disk with the next change's sync, within a second at most."""
+        ...
+
+    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+        """Commit events (and the blobs they name) of a command still under way, which stays
+        `in_doubt` until `finish`; return their positions."""
         ...
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:

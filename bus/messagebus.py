@@ -6,6 +6,8 @@ destroy, in one durable transaction; its events and final status are committed i
 before the reply leaves. A command that changes only the journal, and a query, is recorded
 with its outcome in one transaction, also before the reply. A crash in between leaves an
 `in_doubt` command, never a silent gap: two syncs at most for a change, none for a query.
+A call cancelled by its client (or by the server stopping) finishes too, shielded from the
+cancellation: `cancelled`, or `in_doubt` when it may have acted outside the journal.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+import anyio
 import msgspec
 
 from toolbus.bus.commands import Command
@@ -27,8 +30,23 @@ from toolbus.bus.journal import Caller, CommandRecord, JournalWriter, Status
 
 log = logging.getLogger("toolbus.bus")
 
-Reply = str | msgspec.Struct | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TextItems:
+    """A reply of several text items, each sent as it is (openDiff answers `FILE_SAVED` and the
+    text, or `DIFF_REJECTED` and the tab name)."""
+
+    items: tuple[str, ...]
+
+
+Reply = str | TextItems | msgspec.Struct | Mapping[str, Any]
 C = TypeVar("C", bound=Command)
+CANCELLED = "cancelled by the client (or the server stopped) before it finished"
+
+
+def _no_wait() -> None:
+    """The edge's hook when nothing waits on a call's turn (the command line, tests)."""
 
 
 @dataclass(slots=True)
@@ -41,8 +59,14 @@ class HandlerContext(Generic[C]):
     _record: CommandRecord
     # The write-ahead row's id, once `write_ahead` has written it.
     command_id: int | None = field(default=None)
+    # The edge's hook for a call that goes on waiting for a person: later calls need not wait
+    # for it, and its client hears that it is alive.
+    _waiting: Callable[[], None] = _no_wait
     # Set once a commit is under way: from then on its outcome, not the bus, decides the status.
     commit_attempted: bool = field(default=False)
+    # The status if the call is cancelled after it wrote ahead: it may have acted (a request in
+    # flight still runs in Neovim), unless its handler knows better. Before, it is `cancelled`.
+    on_cancel: Status = "in_doubt"
 
     async def write_ahead(self, keep: Mapping[str, bytes] | None = None) -> None:
         """Call before acting outside the journal: records the command as `in_doubt`, with `keep`
@@ -52,6 +76,17 @@ class HandlerContext(Generic[C]):
             self.command_id = await self._journal.begin(self._record, keep)
         elif keep:
             await self._journal.keep_blobs(keep)
+
+    async def record(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
+        """Commit events before the outcome (a proposal shown to the user): durable at once,
+        while the command stays `in_doubt` until `commit`. Only after `write_ahead`."""
+        if self.command_id is None:
+            raise TypeError("record() comes after write_ahead(): the command must be written ahead")
+        return await self._journal.append(self.command_id, events, blobs or {})
+
+    def waiting(self) -> None:
+        """The call now waits for a person: the calls after it go on, its client is kept informed."""
+        self._waiting()
 
     async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
         """Append the outcome events (and the blobs they name) and mark the command done.
@@ -81,8 +116,15 @@ class Bus:
         self._journal = journal
         self.services = services
 
-    async def handle(self, tool: str, arguments: Mapping[str, Any] | None, caller: Caller) -> Reply:
-        """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot."""
+    async def handle(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None,
+        caller: Caller,
+        waiting: Callable[[], None] = _no_wait,
+    ) -> Reply:
+        """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot.
+        `waiting` is called if the call goes on to wait for a person (see `HandlerContext.waiting`)."""
         command_type = self.commands.get(tool)
         changes = command_type is not None and command_type.mutates
         record = CommandRecord(
@@ -96,15 +138,22 @@ class Bus:
             rejected = msgspec.structs.replace(record, changes=False)
             await self._journal.finish(rejected, None, "rejected", error=str(error))
             raise
-        return await self._run(command, record)
+        return await self._run(command, record, waiting)
 
-    async def _run(self, command: Command, record: CommandRecord) -> Reply:
+    async def _run(self, command: Command, record: CommandRecord, waiting: Callable[[], None]) -> Reply:
         context: HandlerContext[Any] = HandlerContext(
-            caller=record.caller, services=self.services, _journal=self._journal, _record=record
+            caller=record.caller, services=self.services, _journal=self._journal, _record=record, _waiting=waiting
         )
         handler = self._handlers[type(command)]
         try:
             reply = await handler(command, context)
+        except anyio.get_cancelled_exc_class():
+            # The reply will never be sent, but the journal still gets its outcome.
+            with anyio.CancelScope(shield=True):
+                if not context.commit_attempted:
+                    status = "cancelled" if context.command_id is None else context.on_cancel
+                    await self._finish_failed(record, context.command_id, CANCELLED, status)
+            raise
         except ToolbusError as error:
             if not _effect_unrecorded(command, context):
                 await self._finish_failed(record, context.command_id, str(error), _status_of(error, command))

@@ -13,6 +13,7 @@ from toolbus.bus import (
     GetOpenEditors,
     GetWorkspaceFolders,
     Handler,
+    OpenDiff,
     OpenFile,
     ReplayClose,
     ReplayWrite,
@@ -22,7 +23,7 @@ from toolbus.bus import (
     SearchObservations,
     Timeline,
 )
-from toolbus.handlers import editor, ide, memory, replay, restore
+from toolbus.handlers import diff, editor, ide, memory, replay, restore
 from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, SaveTarget, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
@@ -31,6 +32,7 @@ HANDLERS: dict[type[Command], Handler] = {
     SaveDocument: editor.save_document,
     CloseTab: editor.close_tab,
     OpenFile: ide.open_file,
+    OpenDiff: diff.open_diff,
     CloseAllDiffTabs: ide.close_all_diff_tabs,
     GetCurrentSelection: ide.get_current_selection,
     GetLatestSelection: ide.get_latest_selection,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -15,6 +16,7 @@ from toolbus.bus import (
     DocumentSaveRefused,
     EditorLost,
     EditorTimeout,
+    Event,
     GetOpenEditors,
     HandlerContext,
     JournalUnavailable,
@@ -86,24 +88,56 @@ async def check_document_dirty(
 
 
 async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> SaveResult:
+    attempt = await save_through_editor(context, command.file)
+    if attempt.refusal is not None:
+        message = refusal_message(attempt.refusal, attempt.detail, command.filePath)
+        await context.commit(DocumentSaveRefused(path=attempt.path, reason=attempt.refusal, message=message))
+        return SaveResult(success=False, filePath=command.filePath, saved=False, message=message)
+    assert attempt.target is not None
+    event = DocumentSaved(
+        path=attempt.path,
+        written_blob=blob_hash(attempt.after),
+        bytes_written=len(attempt.after),
+        replaced_blob=attempt.replaced,
+        disk_changed=attempt.target.changed,
+        reloaded=attempt.target.reloaded,
+    )
+    await commit_write(context, attempt, event)
+    return SaveResult(success=True, filePath=command.filePath, saved=True, message=SAVED)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveAttempt:
+    """What saving a file's buffer came to: written (`target`, the file `after`, the replaced
+    text's blob), or refused and why. Nothing of it is committed yet."""
+
+    path: str  # the file as Neovim resolves it
+    refusal: Refusal | None = None
+    detail: str = ""
+    target: SaveTarget | None = None
+    after: bytes = b""
+    replaced: str | None = None
+
+
+async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAttempt:
+    """Save the buffer of `path` by saveDocument's rules: the replaced text durable before the
+    write, a disk change settled without a prompt, a buffer that keeps changing left alone."""
     editor = editor_of(context)
-    path = command.file
     for _ in range(WRITE_ATTEMPTS):
         target = await editor.inspect_save(path)
         if target.status != "ready":
-            return await _refuse(command, context, target.path, target.status, target.message)
+            return SaveAttempt(target.path, target.status, target.message)
         replaced = await _keep_replaced(context, target)
         outcome = await _write(editor, target)
         if outcome.status == "saved" and outcome.after is not None:
-            await _commit_saved(context, target, outcome.after, replaced)
-            return SaveResult(success=True, filePath=command.filePath, saved=True, message=SAVED)
+            return SaveAttempt(target.path, target=target, after=outcome.after, replaced=replaced)
         if outcome.status == "saved":  # written, but the file could not be read back
-            message = "the file could not be read back after :write; check it on disk"
-            return await _refuse(command, context, target.path, "vim_error", message)
+            unread = "the file could not be read back after :write; check it on disk"
+            return SaveAttempt(target.path, "vim_error", unread)
         if outcome.status == "vim_error":
-            return await _refuse(command, context, target.path, "vim_error", outcome.message)
+            return SaveAttempt(target.path, "vim_error", outcome.message)
     # The user kept typing, or the file kept changing: leave both alone rather than chase them.
-    return await _refuse(command, context, target.path, "busy", "")
+    return SaveAttempt(target.path, "busy")
 
 
 async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
@@ -127,45 +161,38 @@ async def _write(editor: Editor, target: SaveTarget) -> SaveOutcome:
         ) from error
 
 
-async def _commit_saved(
-    context: HandlerContext[Any], target: SaveTarget, after: bytes, replaced: str | None
-) -> None:
-    written = blob_hash(after)
-    blobs = {written: after} | ({replaced: target.before} if replaced and target.before is not None else {})
-    event = DocumentSaved(
-        path=target.path,
-        written_blob=written,
-        bytes_written=len(after),
-        replaced_blob=replaced,
-        disk_changed=target.changed,
-        reloaded=target.reloaded,
-    )
+async def commit_write(context: HandlerContext[Any], attempt: SaveAttempt, event: Event) -> None:
+    """Commit the event of a written file, with the texts written and replaced."""
+    assert attempt.target is not None
+    blobs = {blob_hash(attempt.after): attempt.after}
+    if attempt.replaced and attempt.target.before is not None:
+        blobs[attempt.replaced] = attempt.target.before
     try:
         await context.commit(event, blobs=blobs)
     except JournalUnavailable as error:  # the command stays in_doubt: it did act
-        kept = " The text it replaced is kept in the journal (toolbus recover)." if replaced else ""
+        kept = " The text it replaced is kept in the journal (toolbus recover)." if attempt.replaced else ""
         raise JournalUnavailable(
-            f"{target.path} was written, but the journal could not record the save: {error}.{kept}"
+            f"{attempt.path} was written, but the journal could not record it: {error}.{kept}"
         ) from error
 
 
-async def _refuse(
-    command: SaveDocument, context: HandlerContext[Any], path: str, reason: Refusal, detail: str
-) -> SaveResult:
+def refusal_message(reason: Refusal, detail: str, file_path: str) -> str:
+    """Why a save wrote nothing, in saveDocument's words."""
     if reason == "not_open":
-        message = f"Document not open: {command.filePath}"
-    elif reason == "conflict":
-        message = CONFLICT
-    elif reason == "busy":
-        message = BUSY
-    else:
-        message = f"Failed to save: {vim_error(detail)}"
-    await context.commit(DocumentSaveRefused(path=path, reason=reason, message=message))
-    return SaveResult(success=False, filePath=command.filePath, saved=False, message=message)
+        return f"Document not open: {file_path}"
+    if reason == "conflict":
+        return CONFLICT
+    if reason == "busy":
+        return BUSY
+    return f"Failed to save: {vim_error(detail)}"
 
 
 async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     editor = editor_of(context)
+    # A diff view's name closes that view (rejecting it if it waits), and never a file buffer
+    # whose name happens to end the same way: agents close their diffs by name when done.
+    if await editor.close_diffs(command.tab_name, "close_tab") or editor.diff_tab_known(command.tab_name):
+        return TAB_CLOSED
     expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed
     exact = expanded if os.path.isabs(expanded) else None
     for _ in range(WIPE_ATTEMPTS):

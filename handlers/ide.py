@@ -1,5 +1,6 @@
 """Handlers of the IDE tools beyond the seeds: selections, diagnostics, workspace folders,
-openFile and closeAllDiffTabs. They ask the Editor and shape the protocol's answers."""
+openFile and closeAllDiffTabs (openDiff has a module of its own). They ask the Editor and shape
+the protocol's answers."""
 
 from __future__ import annotations
 
@@ -78,13 +79,7 @@ def _what_was_selected(opened: FileOpened) -> str:
 
 
 async def close_all_diff_tabs(command: CloseAllDiffTabs, context: HandlerContext[Any]) -> str:
-    return f"CLOSED_{await _close_diff_views(context)}_DIFF_TABS"
-
-
-async def _close_diff_views(context: HandlerContext[Any]) -> int:
-    """Close every diff view toolbus opened, rejecting those still waiting; how many.
-
-    The extension point for openDiff: its views will be known here (with what the editor needs
-    to close each), each close committed as its own event, as close_tab does. Until openDiff
-    exists there are none."""
-    return 0
+    """Every waiting diff is rejected and its view closed; each openDiff call it ends commits
+    its own `DiffRejected` (by closeAllDiffTabs). Decided views close with their call."""
+    closed = await editor_of(context).close_diffs(None, "closeAllDiffTabs")
+    return f"CLOSED_{closed}_DIFF_TABS"

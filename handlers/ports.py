@@ -124,6 +124,44 @@ class FileOpened(msgspec.Struct, frozen=True, kw_only=True):
     missing: Literal["startText", "endText"] | None = None  # a text to select that was not found
 
 
+class DiffRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal to show: `text` for `path`, against the current text of `old_path`."""
+
+    path: str
+    old_path: str
+    text: bytes
+    tab_name: str
+
+
+class DiffView(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Editor.open_diff` did: a view opened (`id`), or none because the file's buffer
+    has unsaved changes."""
+
+    status: Literal["open", "dirty"]
+    id: str = ""
+    path: str = ""  # the file as Neovim resolves it (symlinks resolved): its events' stream
+    shown: bytes = b""  # the text the proposal is shown against
+
+
+DiffCloser = Literal["user", "closeAllDiffTabs", "close_tab"]
+
+
+class DiffDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """How a waiting diff ended: accepted (with the proposal's text as the user left it),
+    rejected (by the user, or closed by a tool), or `lost`: Neovim went away."""
+
+    action: Literal["accept", "reject", "lost"]
+    text: bytes = b""
+    by: DiffCloser = "user"
+
+
+class DiffStaged(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Editor.stage_diff` did: the accepted text is in the file's buffer, ready to save."""
+
+    status: Literal["staged", "conflict", "vim_error"]
+    message: str = ""
+
+
 class Editor(Protocol):
     """The user's Neovim. Paths are absolute with `~` expanded; the editor resolves symlinks.
     Faults raise `bus.Fault`s."""
@@ -183,6 +221,37 @@ class Editor(Protocol):
 
     async def close_file(self, path: str) -> FileClosed:
         """Wipe the buffer of `path`, unless it has unsaved changes."""
+        ...
+
+    async def open_diff(self, request: DiffRequest) -> DiffView:
+        """Open a diff view of `request` in a new tab page, the proposal's window current, unless
+        the file's buffer has unsaved changes. The view waits for the user's decision."""
+        ...
+
+    def diff_waiting(self, tab_name: str) -> bool:
+        """Whether a view named `tab_name` is open and undecided."""
+        ...
+
+    async def decision(self, view: str) -> DiffDecision:
+        """Wait, without a time limit, for the decision on an open view."""
+        ...
+
+    async def stage_diff(self, view: str, text: bytes) -> DiffStaged:
+        """Put an accepted text into its file's buffer (loaded if need be) for `write`; nothing,
+        if the file changed on disk since the view opened or its buffer was changed since."""
+        ...
+
+    async def close_diff(self, view: str) -> None:
+        """Close a view (deciding nothing), if it is still there. Never raises."""
+        ...
+
+    async def close_diffs(self, tab_name: str | None, by: DiffCloser) -> int:
+        """Reject and close the undecided views named `tab_name` (all, for None); how many."""
+        ...
+
+    def diff_tab_known(self, tab_name: str) -> bool:
+        """Whether `tab_name` named a diff view since toolbus started (close_tab then closes
+        no file buffer that happens to match it)."""
         ...
 
     def disconnect(self) -> None:

@@ -1,4 +1,5 @@
-"""What an event lets a person recover: the text a save replaced or a close discarded."""
+"""What an event lets a person recover: the text a save (or an accepted diff) replaced, a close
+discarded, or a proposal the user rejected."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def recoverable(reader: JournalReader, event: StoredEvent) -> Recoverable:
     field = RECOVERABLE_FIELDS.get(event.type)
     where = f"event @{event.position} ({event.type})"
     if field is None:
-        raise ValueError(f"{where} holds no recoverable text: only saves, closes and restores do")
+        raise ValueError(
+            f"{where} holds no recoverable text: only saves, closes, restores and diff decisions do"
+        )
     name, description = field
     digest = event.data.get(name)
     if digest is None:

@@ -12,7 +12,8 @@ from typing import Literal
 
 from toolbus.bus import JournalReader, StoredEvent, file_stream
 
-_WRITE_TYPES = ("DocumentSaved", "FileRestored")  # a replay (FileReplayed) is not replayed again
+# An accepted diff is a write. A replay (FileReplayed) is not replayed again.
+_WRITE_TYPES = ("DocumentSaved", "DiffAccepted", "FileRestored")
 _EDITOR_TYPES = (*_WRITE_TYPES, "TabClosed")
 
 
@@ -36,7 +37,7 @@ class EditorStep:
         moved = f" (recorded as {self.recorded_path})" if self.path != self.recorded_path else ""
         if self.action == "close":
             return f"@{self.position} close {self.path}{moved}"
-        verb = "restore" if self.source == "FileRestored" else "save"
+        verb = {"FileRestored": "restore", "DiffAccepted": "accepted diff"}.get(self.source, "save")
         return f"@{self.position} {verb} {self.path}{moved}: write {len(self.content or b'')} bytes"
 
 

@@ -119,7 +119,7 @@ def test_recover_of_an_event_without_text_says_why(session: EditorSession) -> No
     assert run.code == 2 and run.out == ""
     assert run.err == (
         f"toolbus recover: event @{refused['position']} (DocumentSaveRefused) holds no recoverable text: "
-        "only saves, closes and restores do\n"
+        "only saves, closes, restores and diff decisions do\n"
     )
 
 

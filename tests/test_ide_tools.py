@@ -24,6 +24,7 @@ ANNOTATIONS = {
     "saveDocument": {"title": "Save document", **READ, "readOnlyHint": False, "destructiveHint": True},
     "close_tab": {"title": "Close tab", **READ, "readOnlyHint": False, "destructiveHint": True},
     "openFile": {"title": "Open file", **READ, "readOnlyHint": False},
+    "openDiff": {"title": "Open diff", **READ, "readOnlyHint": False, "destructiveHint": True, "idempotentHint": False},
     "closeAllDiffTabs": {"title": "Close all diff tabs", **READ, "readOnlyHint": False, "destructiveHint": True},
     "getCurrentSelection": {"title": "Current selection", **READ},
     "getLatestSelection": {"title": "Latest selection", **READ},

@@ -170,6 +170,12 @@ class FakeEditor:
         self._look()
         return True
 
+    async def close_diffs(self, tab_name: str | None, by: str) -> int:
+        return 0  # no diff views: close_tab goes on to the file's buffer
+
+    def diff_tab_known(self, tab_name: str) -> bool:
+        return False
+
 
 def _bus(journal: Any, editor: FakeEditor) -> Bus:
     return Bus({c.tool: c for c in TOOL_COMMANDS}, HANDLERS, journal, SimpleNamespace(editor=editor))

@@ -34,7 +34,7 @@ def _v1_core(db: sqlite_utils.Database) -> None:
             "received_at": str,  # ISO 8601, UTC, microseconds: sorts as text
             "finished_at": str,
             "duration_ms": float,
-            "status": str,  # ok | rejected | failed | in_doubt
+            "status": str,  # ok | rejected | failed | in_doubt | cancelled
             "error": str,
         },
         pk="id",

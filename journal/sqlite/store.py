@@ -258,6 +258,14 @@ class SqliteJournal:
         with self._transaction(conn, sync=record.changes):
             return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
 
+    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+        def work(conn: sqlite3.Connection) -> list[int]:
+            with self.transaction(conn):
+                _insert_blobs(conn, blobs)
+                return _append(conn, [(command_id, event) for event in events], iso_time(time.time_ns()))
+
+        return await self.run(work)
+
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
         def work(conn: sqlite3.Connection) -> None:
             with self._transaction(conn, sync=True):

@@ -1,0 +1,133 @@
+"""openDiff: the agent proposes, the user decides, the journal keeps both.
+
+One request opens the view; the proposal is committed at once; then the call waits, with no
+time limit, for the user's decision, which Neovim sends as a notification. Meanwhile the calls
+after it go on (`HandlerContext.waiting`). The view is closed however the call ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NoReturn
+
+import anyio
+
+from toolbus.bus import (
+    DiffAccepted,
+    DiffAcceptFailed,
+    DiffProposed,
+    DiffRejected,
+    EditorUnavailable,
+    HandlerContext,
+    OpenDiff,
+    Refused,
+    TextItems,
+    blob_hash,
+)
+from toolbus.handlers.editor import commit_write, editor_of, refusal_message, save_through_editor
+from toolbus.handlers.ports import DiffDecision, DiffRequest, DiffView
+
+FILE_SAVED = "FILE_SAVED"
+DIFF_REJECTED = "DIFF_REJECTED"
+
+
+async def open_diff(command: OpenDiff, context: HandlerContext[Any]) -> TextItems:
+    editor = editor_of(context)
+    if editor.diff_waiting(command.tab_name):
+        raise Refused(
+            f'openDiff: a diff named "{command.tab_name}" is already waiting for the user; '
+            "wait for it, or close it (close_tab, closeAllDiffTabs). Nothing was opened"
+        )
+    proposal = command.new_file_contents.encode("utf-8", "surrogateescape")
+    request = DiffRequest(path=command.file, old_path=command.old_file, text=proposal, tab_name=command.tab_name)
+    await context.write_ahead({blob_hash(proposal): proposal})  # the view is an act in the editor
+    view = await editor.open_diff(request)
+    if view.status == "dirty":
+        raise Refused(
+            f"openDiff: {command.new_file_path} has unsaved changes in Neovim; save or discard them, "
+            "then propose again. Nothing was opened"
+        )
+    try:
+        return await _propose_and_wait(command, context, view, proposal)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await editor.close_diff(view.id)
+
+
+async def _propose_and_wait(
+    command: OpenDiff, context: HandlerContext[Any], view: DiffView, proposal: bytes
+) -> TextItems:
+    proposed = blob_hash(proposal)
+    shown = blob_hash(view.shown)
+    await context.record(
+        DiffProposed(
+            path=view.path,
+            tab_name=command.tab_name,
+            old_path=command.old_file,
+            proposed_blob=proposed,
+            shown_blob=shown,
+        ),
+        blobs={proposed: proposal, shown: view.shown},
+    )
+    # Until a write starts, a cancelled call has changed nothing: its view is closed below.
+    context.on_cancel = "cancelled"
+    context.waiting()
+    decision = await editor_of(context).decision(view.id)
+    if decision.action == "lost":
+        raise EditorUnavailable(
+            "Neovim went away while openDiff waited for the user's decision: nothing was written. "
+            "The proposal is kept in the journal (toolbus recover)"
+        )
+    if decision.action == "reject":
+        await context.commit(
+            DiffRejected(path=view.path, tab_name=command.tab_name, proposed_blob=proposed, by=decision.by)
+        )
+        return TextItems((DIFF_REJECTED, command.tab_name))
+    context.on_cancel = "in_doubt"
+    return await _accept(command, context, view, decision, proposal)
+
+
+async def _accept(
+    command: OpenDiff, context: HandlerContext[Any], view: DiffView, decision: DiffDecision, proposal: bytes
+) -> TextItems:
+    """Write the accepted text by saveDocument's rules, or say why nothing was written."""
+    staged = await editor_of(context).stage_diff(view.id, decision.text)
+    if staged.status != "staged":
+        message = (
+            f"openDiff: nothing was written to {command.new_file_path}: {staged.message}. "
+            "The accepted text is kept in the journal (toolbus recover)"
+            if staged.status == "conflict"
+            else refusal_message("vim_error", staged.message, command.new_file_path)
+        )
+        await _failed(context, command, view, decision, staged.status, message)
+    attempt = await save_through_editor(context, view.path)
+    if attempt.refusal is not None:
+        reason = "vim_error" if attempt.refusal == "not_open" else attempt.refusal
+        message = refusal_message(attempt.refusal, attempt.detail, command.new_file_path)
+        await _failed(context, command, view, decision, reason, message)
+    event = DiffAccepted(
+        path=attempt.path,
+        tab_name=command.tab_name,
+        written_blob=blob_hash(attempt.after),
+        bytes_written=len(attempt.after),
+        replaced_blob=attempt.replaced,
+        user_edited=decision.text != proposal,
+    )
+    await commit_write(context, attempt, event)
+    return TextItems((FILE_SAVED, attempt.after.decode("utf-8", "replace")))
+
+
+async def _failed(
+    context: HandlerContext[Any],
+    command: OpenDiff,
+    view: DiffView,
+    decision: DiffDecision,
+    reason: Literal["conflict", "vim_error", "busy"],
+    message: str,
+) -> NoReturn:
+    """Record an acceptance that wrote nothing, keeping the accepted text, and answer isError."""
+    final = blob_hash(decision.text)
+    await context.commit(
+        DiffAcceptFailed(path=view.path, tab_name=command.tab_name, final_blob=final, reason=reason, message=message),
+        blobs={final: decision.text},
+    )
+    raise Refused(message)

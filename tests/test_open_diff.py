@@ -1,0 +1,331 @@
+"""openDiff end to end: `toolbus serve` over stdio (the raw client, to cancel and to read progress
+notifications), a real headless Neovim shared by the module, the user acting through a second
+connection, and the journal file read as any SQLite tool would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import JournalReader, NeovimProcess
+from tests.rpc_client import StdioServer, clean_env, toolbus_argv
+
+PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 10 s
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("diff")
+
+
+@pytest.fixture(scope="module")
+def nvim(root: Path) -> Iterator[NeovimProcess]:
+    process = NeovimProcess(root / "nvim")
+    yield process
+    process.kill()
+
+
+def start_server(root: Path, nvim: NeovimProcess) -> StdioServer:
+    env = clean_env({"TOOLBUS_PROGRESS_INTERVAL": str(PROGRESS_INTERVAL)})
+    server = StdioServer(toolbus_argv(root / "journal.db", "--nvim-timeout", "3", nvim=nvim.address), env=env)
+    server.initialize()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(root: Path, nvim: NeovimProcess) -> Iterator[StdioServer]:
+    with start_server(root, nvim) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def journal(root: Path) -> JournalReader:
+    return JournalReader(root / "journal.db")
+
+
+@pytest.fixture
+def files(tmp_path: Path, nvim: NeovimProcess) -> Path:
+    """A folder with a.py, and a Neovim with one tab, one window and no buffers."""
+    nvim.command("silent! tabonly! | silent! only! | enew | silent! %bwipeout!")
+    (tmp_path / "a.py").write_text("x = 1\ny = 2\n")
+    return tmp_path
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 5) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+    return found
+
+
+def propose(server: StdioServer, path: Path, text: str, tab: str, meta: dict[str, Any] | None = None) -> int:
+    arguments = {"old_file_path": str(path), "new_file_path": str(path), "new_file_contents": text, "tab_name": tab}
+    params: dict[str, Any] = {"name": "openDiff", "arguments": arguments}
+    if meta:
+        params["_meta"] = meta
+    return server.send_request("tools/call", params)
+
+
+def shown(nvim: NeovimProcess) -> str:
+    """Wait until the proposal's window is current (the user can act); its buffer's name."""
+    name = lambda: nvim.lua("return vim.api.nvim_buf_get_name(0)")  # noqa: E731
+    return str(wait_until(lambda: "(proposed)" in name() and name(), "the diff view opened"))
+
+
+def tabs(nvim: NeovimProcess) -> int:
+    return int(nvim.lua("return #vim.api.nvim_list_tabpages()"))
+
+
+def texts(result: dict[str, Any]) -> list[str]:
+    return [item["text"] for item in result["content"]]
+
+
+def toolbus_cli(journal: JournalReader, *args: str) -> str:
+    """`toolbus ARGS --journal ...`, its output."""
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", *args, "--journal", str(journal.path)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=clean_env()).stdout
+
+
+def answers(server: StdioServer, *requests: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The results of `requests` in that order, and the progress notifications met meanwhile
+    (read from the raw stream: `wait_for` skips both)."""
+    results: dict[int, dict[str, Any]] = {}
+    progress = []
+    until = time.monotonic() + 10
+    while len(results) < len(requests):
+        message = json.loads(server._read_line(until))
+        if message.get("method") == "notifications/progress":
+            progress.append(message["params"])
+        elif message.get("id") in requests:
+            results[message["id"]] = message["result"]
+    return [results[request] for request in requests], progress
+
+
+def events_of(journal: JournalReader, command_id: int) -> list[dict[str, Any]]:
+    return [e for e in journal.events() if e["command_id"] == command_id]
+
+
+def last_diff(journal: JournalReader, tab: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The first openDiff command named `tab`, once finished, and its events."""
+
+    def finished() -> dict[str, Any] | None:
+        named = [c for c in journal.commands("openDiff") if json.loads(c["arguments"])["tab_name"] == tab]
+        return named[0] if named and named[0]["status"] != "in_doubt" else None
+
+    command = wait_until(finished, f"openDiff {tab} finished in the journal")
+    return command, events_of(journal, command["id"])
+
+
+def test_accept_writes_the_proposal_into_the_open_buffer(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    nvim.edit(path)
+    request = propose(server, path, "x = 1\ny = 3\n", "a.py diff")
+    assert "a.py (proposed)" in shown(nvim) and tabs(nvim) == 2
+    assert nvim.lua("return vim.wo.diff") is True
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "x = 1\ny = 3\n"]
+    assert path.read_text() == "x = 1\ny = 3\n"
+    assert nvim.lines(path) == ["x = 1", "y = 3"] and not nvim.modified(path)
+    assert tabs(nvim) == 1
+    command, events = last_diff(journal, "a.py diff")
+    assert command["status"] == "ok"
+    proposed, accepted = events
+    assert proposed["type"] == "DiffProposed" and journal.blob(proposed["data"]["proposed_blob"]) == b"x = 1\ny = 3\n"
+    assert accepted["type"] == "DiffAccepted" and accepted["data"]["user_edited"] is False
+    assert journal.blob(accepted["data"]["replaced_blob"]) == b"x = 1\ny = 2\n"
+    audit = toolbus_cli(journal, "audit", "--tool", "openDiff", "--limit", "1")
+    assert "diff proposed (12 B)" in audit and "diff accepted: saved 12 B, replaced 12 B" in audit
+    assert toolbus_cli(journal, "recover", str(accepted["position"])) == "x = 1\ny = 2\n"
+    replay = toolbus_cli(journal, "replay", "editor", "--dry-run", "--from", str(accepted["position"]))
+    assert f"@{accepted['position']} accepted diff {path}" in replay
+
+
+def test_the_users_edits_to_the_proposal_are_what_is_written(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"  # not open in Neovim: its buffer is loaded to be saved
+    request = propose(server, path, "x = 10\n", "edited")
+    shown(nvim)
+    nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, {'x = 10', 'z = 0'})")
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "x = 10\nz = 0\n"]
+    assert path.read_text() == "x = 10\nz = 0\n"
+    _, events = last_diff(journal, "edited")
+    assert events[-1]["data"]["user_edited"] is True
+    assert journal.blob(events[-1]["data"]["written_blob"]) == b"x = 10\nz = 0\n"
+
+
+def test_quitting_the_proposal_rejects_it(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    request = propose(server, path, "nope\n", "rejected")
+    shown(nvim)
+    nvim.command("quit")
+    assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "rejected"]
+    assert path.read_text() == "x = 1\ny = 2\n"
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    command, [_, rejected] = last_diff(journal, "rejected")
+    assert command["status"] == "ok" and rejected["type"] == "DiffRejected"
+    assert rejected["data"]["by"] == "user" and journal.blob(rejected["data"]["proposed_blob"]) == b"nope\n"
+    assert toolbus_cli(journal, "recover", str(rejected["position"])) == "nope\n"
+    assert "diff rejected by the user" in toolbus_cli(journal, "history", str(path))
+
+
+def test_toolbus_accept_and_reject_commands_and_bdelete(server: StdioServer, nvim: NeovimProcess, files: Path) -> None:
+    path = files / "a.py"
+    request = propose(server, path, "accepted\n", "by command")
+    shown(nvim)
+    nvim.command("wincmd h | ToolbusAccept")  # anywhere in the view's tab page
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "accepted\n"]
+    request = propose(server, path, "rejected\n", "by command")
+    shown(nvim)
+    nvim.command("ToolbusReject")
+    assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "by command"]
+    request = propose(server, path, "deleted\n", "by :bd")
+    shown(nvim)
+    nvim.command("bdelete")
+    assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "by :bd"]
+    assert path.read_text() == "accepted\n"
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
+
+
+def test_a_new_file_is_created_on_accept(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "new" / "b.py"
+    request = propose(server, path, "print('hi')\n", "new file")
+    shown(nvim)
+    assert nvim.lua("return vim.fn.getbufline(vim.fn.winbufnr(1), 1, '$')") == [""]  # the current side: empty
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "print('hi')\n"]
+    assert path.read_text() == "print('hi')\n"
+    _, events = last_diff(journal, "new file")
+    assert events[-1]["type"] == "DiffAccepted" and events[-1]["data"]["replaced_blob"] is None
+
+
+def test_refused_when_the_buffer_has_unsaved_changes(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    nvim.edit(path)
+    nvim.set_lines(path, ["typed but not saved"])
+    result = server.call_tool("openDiff", json.loads(json.dumps(arguments(path, "other\n", "dirty"))))
+    assert result["isError"] and "unsaved changes" in texts(result)[0]
+    assert tabs(nvim) == 1 and nvim.lines(path) == ["typed but not saved"]
+    command, events = last_diff(journal, "dirty")
+    assert command["status"] == "failed" and events == []
+
+
+def arguments(path: Path, text: str, tab: str) -> dict[str, str]:
+    return {"old_file_path": str(path), "new_file_path": str(path), "new_file_contents": text, "tab_name": tab}
+
+
+def test_other_calls_go_on_while_a_diff_waits_and_close_all_rejects_it(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    waiting = propose(server, path, "later\n", "waiting", meta={"progressToken": "p1"})
+    shown(nvim)
+    # Editor calls after it are served (they are in arrival order, but it does not hold them).
+    editors = server.send_request("tools/call", {"name": "getOpenEditors", "arguments": {}})
+    again = server.send_request("tools/call", {"name": "openDiff", "arguments": arguments(path, "2\n", "waiting")})
+    [editors_result, again_result], _ = answers(server, editors, again)
+    assert not editors_result.get("isError")
+    assert again_result["isError"] and "already waiting" in texts(again_result)[0]
+    time.sleep(PROGRESS_INTERVAL * 3)
+    closed = server.send_request("tools/call", {"name": "closeAllDiffTabs", "arguments": {}})
+    [closed_result, waited], progress = answers(server, closed, waiting)
+    assert texts(closed_result) == ["CLOSED_1_DIFF_TABS"]
+    assert texts(waited) == ["DIFF_REJECTED", "waiting"]
+    # Meanwhile the waiting call told its client it was alive.
+    assert len(progress) >= 2 and {p["progressToken"] for p in progress} == {"p1"}
+    assert tabs(nvim) == 1 and path.read_text() == "x = 1\ny = 2\n"
+    _, events = last_diff(journal, "waiting")
+    assert events[-1]["type"] == "DiffRejected" and events[-1]["data"]["by"] == "closeAllDiffTabs"
+
+
+def test_close_tab_with_the_diffs_name_rejects_it(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    nvim.edit(path)  # a file buffer whose name ends like the tab name: never wiped for it
+    request = propose(server, path, "closed\n", "a.py")
+    shown(nvim)
+    close = server.send_request("tools/call", {"name": "close_tab", "arguments": {"tab_name": "a.py"}})
+    [closed, waited], _ = answers(server, close, request)
+    assert texts(closed) == ["TAB_CLOSED"] and texts(waited) == ["DIFF_REJECTED", "a.py"]
+    assert str(path) in nvim.buffer_names() and tabs(nvim) == 1
+    _, events = last_diff(journal, "a.py")
+    assert events[-1]["data"]["by"] == "close_tab"
+
+
+def test_a_file_changed_on_disk_since_the_diff_opened_is_a_conflict(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    request = propose(server, path, "proposal\n", "conflict")
+    shown(nvim)
+    path.write_text("the agent wrote this meanwhile\n")
+    nvim.command("write")
+    result = server.wait_for(request)
+    assert result["isError"] and "changed on disk" in texts(result)[0]
+    assert path.read_text() == "the agent wrote this meanwhile\n"
+    _, events = last_diff(journal, "conflict")
+    assert events[-1]["type"] == "DiffAcceptFailed" and journal.blob(events[-1]["data"]["final_blob"]) == b"proposal\n"
+
+
+def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    request = propose(server, path, "cancelled\n", "cancelled")
+    shown(nvim)
+    server.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    command, events = last_diff(journal, "cancelled")
+    assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
+    assert path.read_text() == "x = 1\ny = 2\n"
+    assert not server.call_tool("getOpenEditors", {}, deadline=5).get("isError")  # still serving
+    journal.assert_gapless()
+
+
+def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> None:
+    nvim = NeovimProcess(tmp_path / "nvim")
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    try:
+        with start_server(tmp_path, nvim) as alone:
+            request = propose(alone, path, "lost\n", "lost")
+            shown(nvim)
+            nvim.kill()
+            result = alone.wait_for(request, deadline=10)
+            assert result["isError"] and "Neovim went away" in texts(result)[0]
+    finally:
+        nvim.kill()
+    assert path.read_text() == "kept\n"
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "lost")
+    assert command["status"] == "failed" and [e["type"] for e in events] == ["DiffProposed"]
+
+
+def test_a_client_that_disconnects_leaves_no_view_and_a_cancelled_call(tmp_path: Path, nvim: NeovimProcess) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    with start_server(tmp_path, nvim) as alone:
+        propose(alone, path, "gone\n", "disconnected")
+        shown(nvim)
+    wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "disconnected")
+    assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
+    assert path.read_text() == "kept\n"
