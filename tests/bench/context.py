@@ -54,14 +54,30 @@ class Context:
         self.nvim.edit(path)
         return path
 
-    def toolbus(self, journal: Path, *flags: str, nvim: bool = True, stderr: str = "toolbus") -> StdioServer:
-        address = self.nvim.address if nvim else None
+    def toolbus(self, journal: Path, *flags: str, nvim: bool | str = True, stderr: str = "toolbus") -> StdioServer:
+        """`toolbus serve` on the shared Neovim, on none (False), or on the one at address `nvim`."""
+        address = nvim if isinstance(nvim, str) else self.nvim.address if nvim else None
         return StdioServer(
             toolbus_argv(journal, *flags, nvim=address),
             env=clean_env(),
             stderr=self.scratch / f"{stderr}.stderr",
             cwd=ROOT,
         )
+
+    def nvim_mcp(self, address: str, *, env: dict[str, str] | None = None, cwd: Path = ROOT) -> StdioServer:
+        """The peer nvim-mcp, started and connected to the Neovim at `address` (its discovery
+        is pointed there too, so it scans no folders)."""
+        script = Path(sys.executable).with_name("nvim-mcp")
+        argv = [str(script)] if script.exists() else [sys.executable, "-c", "from nvim_mcp.server import main; main()"]
+        server = StdioServer(
+            argv,
+            env=clean_env({"NVIM_ADDRESS": address} | (env or {})),
+            stderr=self.scratch / "nvim_mcp.stderr",
+            cwd=cwd,
+        )
+        server.initialize()
+        server.call_tool("connect", {"socket_path": address})
+        return server
 
     def noop_server(self, *flags: str) -> StdioServer:
         return StdioServer([sys.executable, str(NOOP_SERVER), *flags], env=clean_env(), cwd=ROOT)

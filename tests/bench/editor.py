@@ -12,10 +12,12 @@ of the request), alternating call by call.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,48 +54,78 @@ def round_trips(ctx: Context) -> None:
     ):
         for server in (toolbus, relaxed, noop, noop_same_transport):
             server.initialize()
-        blocks: list[dict[str, Call]] = [
+        blocks: list[Block] = [
             {
-                "noop": (noop, "noop"),
+                "noop": Call(noop, "noop", arguments),
                 # The no-op again, on the stdio transport toolbus uses: what toolbus's own work costs.
-                "noop_event_loop_stdio": (noop_same_transport, "noop"),
-                "checkDocumentDirty": (toolbus, "checkDocumentDirty"),
+                "noop_event_loop_stdio": Call(noop_same_transport, "noop", arguments),
+                "checkDocumentDirty": Call(toolbus, "checkDocumentDirty", arguments),
                 # The same query on a journal that does not wait for the disk: the disk's share, shown.
-                "checkDocumentDirty_no_fsync": (relaxed, "checkDocumentDirty"),
+                "checkDocumentDirty_no_fsync": Call(relaxed, "checkDocumentDirty", arguments),
             },
-            {"noop_beside_saves": (noop, "noop"), "saveDocument": (toolbus, "saveDocument")},
+            {
+                "noop_beside_saves": Call(noop, "noop", arguments),
+                "saveDocument": Call(toolbus, "saveDocument", arguments),
+            },
         ]
-        samples: dict[str, Samples] = {name: [] for block in blocks for name in block}
-        for block in blocks:
-            _interleaved(block, arguments, WARMUP)
-        for _ in range(options.rounds):
-            for block in blocks:
-                for name, values in _interleaved(block, arguments, options.calls).items():
-                    samples[name].append(values)
+        samples = measure_blocks(blocks, options.rounds, options.calls)
     _report_round_trips(ctx, samples)
 
 
-Call = tuple[StdioServer, str]
+@dataclass(frozen=True)
+class Call:
+    """One kind of timed call, and what to set up (untimed) before each one."""
+
+    server: StdioServer
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[], None] | None = None
 
 
-def _interleaved(block: dict[str, Call], arguments: dict[str, Any], count: int) -> dict[str, list[float]]:
+Block = dict[str, Call]
+
+
+def measure_blocks(blocks: list[Block], rounds: int, calls: int) -> dict[str, Samples]:
+    """A warm-up, then `rounds` rounds; each round runs every block in turn, `calls` calls of each kind."""
+    samples: dict[str, Samples] = {name: [] for block in blocks for name in block}
+    for block in blocks:
+        _interleaved(block, WARMUP)
+    for _ in range(rounds):
+        for block in blocks:
+            for name, values in _interleaved(block, calls).items():
+                samples[name].append(values)
+    return samples
+
+
+def _interleaved(block: Block, count: int) -> dict[str, list[float]]:
     """`count` calls of each kind, one of each in turn, in a rotating order."""
     order = list(block)
     timings: dict[str, list[float]] = {name: [] for name in order}
     for index in range(count):
         shift = index % len(order)
         for name in order[shift:] + order[:shift]:
-            timings[name].append(_timed_call(*block[name], arguments))
+            timings[name].append(_timed_call(block[name]))
     return timings
 
 
-def _timed_call(server: StdioServer, tool: str, arguments: dict[str, Any]) -> float:
+def _timed_call(call: Call) -> float:
+    if call.prepare is not None:
+        call.prepare()
     started = time.perf_counter()
-    result = server.call_tool(tool, arguments, deadline=30)
+    result = call.server.call_tool(call.tool, call.arguments, deadline=30)
     elapsed = time.perf_counter() - started
-    if result.get("isError"):
-        raise RuntimeError(f"{tool} failed during the benchmark: {result}")
+    if failed(result):
+        raise RuntimeError(f"{call.tool} failed during the benchmark: {result}")
     return elapsed
+
+
+def failed(result: dict[str, Any]) -> bool:
+    """A tool error, or a result whose JSON text carries an "error" (how nvim-mcp reports one)."""
+    if result.get("isError"):
+        return True
+    content = result.get("content") or [{}]
+    text = content[0].get("text", "")
+    return text.startswith("{") and '"error"' in text and "error" in json.loads(text)
 
 
 def _latency(samples: Samples) -> dict[str, float]:

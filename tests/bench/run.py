@@ -18,12 +18,18 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from tests.bench import editor, history, journal_append, startup
+from tests.bench import editor, history, journal_append, peer, startup
 from tests.bench.context import Context, Options
 from tests.bench.report import Report
 
+
+def _editor(ctx: Context) -> None:
+    editor.run(ctx)
+    peer.run(ctx)  # the same round trips beside nvim-mcp, on the same Neovim
+
+
 SECTIONS: dict[str, Callable[[Context], None]] = {
-    "editor": editor.run,
+    "editor": _editor,
     "append": journal_append.run,
     "startup": startup.run,
     "history": history.run,
@@ -70,7 +76,7 @@ def options_from(args: argparse.Namespace) -> Options:
 
 
 def environment() -> dict[str, object]:
-    versions = {name: _version(name) for name in ("mcp", "pynvim", "msgspec", "eventsourcing")}
+    versions = {name: _version(name) for name in ("mcp", "pynvim", "msgspec", "eventsourcing", "nvim-mcp")}
     return {
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
