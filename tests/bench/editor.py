@@ -128,16 +128,16 @@ def failed(result: dict[str, Any]) -> bool:
     return text.startswith("{") and '"error"' in text and "error" in json.loads(text)
 
 
-def _latency(samples: Samples) -> dict[str, float]:
+def latency(samples: Samples) -> dict[str, float]:
     return {"p50_ms": ms(over_rounds(samples, p50)), "p99_ms": ms(over_rounds(samples, p99))}
 
 
 def _report_round_trips(ctx: Context, samples: dict[str, Samples]) -> None:
-    noop = _latency(samples["noop"])
-    dirty = _latency(samples["checkDocumentDirty"])
+    noop = latency(samples["noop"])
+    dirty = latency(samples["checkDocumentDirty"])
     ratio = ratio_over_rounds(samples["checkDocumentDirty"], samples["noop"])
     relaxed_ratio = ratio_over_rounds(samples["checkDocumentDirty_no_fsync"], samples["noop"])
-    same_transport = _latency(samples["noop_event_loop_stdio"])
+    same_transport = latency(samples["noop_event_loop_stdio"])
     own_work = difference_over_rounds(samples["checkDocumentDirty"], samples["noop_event_loop_stdio"])
     ctx.report.add(
         Figure(
@@ -152,14 +152,14 @@ def _report_round_trips(ctx: Context, samples: dict[str, Samples]) -> None:
                 "p50_ratio": ratio,
                 "p50_minus_same_transport_noop_ms": ms(own_work),
                 "journal_sync": "FULL",
-                "journal_sync_normal": _latency(samples["checkDocumentDirty_no_fsync"]) | {"p50_ratio": relaxed_ratio},
+                "journal_sync_normal": latency(samples["checkDocumentDirty_no_fsync"]) | {"p50_ratio": relaxed_ratio},
             },
             baseline=noop | {"event_loop_stdio": same_transport},
             note="journal_sync_normal: the same call on a journal that does not fsync each commit;"
             " baseline.event_loop_stdio: the no-op server reading and writing stdio as toolbus does",
         )
     )
-    save = _latency(samples["saveDocument"])
+    save = latency(samples["saveDocument"])
     extra = difference_over_rounds(samples["saveDocument"], samples["noop_beside_saves"])
     ctx.report.add(
         Figure(
@@ -168,7 +168,7 @@ def _report_round_trips(ctx: Context, samples: dict[str, Samples]) -> None:
             target="p50 <= no-op + 1.5 ms",
             met=extra <= 0.0015,
             measured=save | {"p50_minus_noop_ms": ms(extra), "journal_sync": "FULL"},
-            baseline=_latency(samples["noop_beside_saves"]),
+            baseline=latency(samples["noop_beside_saves"]),
         )
     )
 

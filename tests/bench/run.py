@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from tests.bench import editor, history, journal_append, peer, startup
+from tests.bench import editor, history, ide, journal_append, peer, startup
 from tests.bench.context import Context, Options
 from tests.bench.report import Report
 
@@ -30,6 +30,7 @@ def _editor(ctx: Context) -> None:
 
 SECTIONS: dict[str, Callable[[Context], None]] = {
     "editor": _editor,
+    "ide": ide.run,
     "append": journal_append.run,
     "startup": startup.run,
     "history": history.run,
