@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 from typing import Any, cast
 
 import anyio
@@ -138,6 +139,23 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
 
 
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
+    """Serve until stdin ends or a SIGTERM/SIGINT: calls still running (an openDiff waiting for
+    the user) are cancelled either way, so they close their views and journal `cancelled`."""
+    async with anyio.create_task_group() as serving:
+        serving.start_soon(_stop_on_signal, serving.cancel_scope)
+        await _serve_stdio(server, arrivals)
+        serving.cancel_scope.cancel()
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for received in signals:
+            log.info("stopping on %s", signal.Signals(received).name)
+            scope.cancel()
+            return
+
+
+async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolbus.adapters.answering import LineAnswerer

@@ -6,6 +6,7 @@ connection, and the journal file read as any SQLite tool would.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -327,5 +328,21 @@ def test_a_client_that_disconnects_leaves_no_view_and_a_cancelled_call(tmp_path:
         shown(nvim)
     wait_until(lambda: tabs(nvim) == 1, "the view closed")
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "disconnected")
+    assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
+    assert path.read_text() == "kept\n"
+
+
+def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_call(
+    tmp_path: Path, nvim: NeovimProcess
+) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    with start_server(tmp_path, nvim) as alone:
+        propose(alone, path, "stopped\n", "stopped")
+        shown(nvim)
+        alone.process.send_signal(signal.SIGTERM)
+        assert alone.process.wait(timeout=10) == 0
+    assert tabs(nvim) == 1
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
     assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
     assert path.read_text() == "kept\n"
