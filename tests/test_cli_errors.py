@@ -162,7 +162,7 @@ def test_a_malformed_time_is_reported_before_the_journal_is_looked_for(tmp_path:
     [
         (
             ["audit", "--status", "fine"],
-            "--status: expected one of ok, rejected, failed, in_doubt, got 'fine'",
+            "--status: expected one of ok, rejected, failed, in_doubt, cancelled, got 'fine'",
         ),
         (["audit", "--limit", "-3"], "--limit: expected a whole number (0 for all), got '-3'"),
         (["history", "/tmp/x", "--limit", "many"], "--limit: expected a whole number"),
