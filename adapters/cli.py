@@ -7,9 +7,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, version
 from toolbus.bus import ToolbusError
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+
+    from toolbus.adapters.arrival import ArrivalOrder
+    from toolbus.adapters.nvim import NvimEditor
 
 USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
 
@@ -70,7 +77,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from toolbus.adapters.arrival import ArrivalOrder
     from toolbus.adapters.bootstrap import build_bus, open_writer
-    from toolbus.adapters.mcp_server import build_server, editor_tools, serve_stdio
+    from toolbus.adapters.mcp_server import build_server, editor_tools
 
     journal = open_writer(settings)
     bus = build_bus(settings, journal)
@@ -78,11 +85,28 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     server = build_server(bus, settings.agent, settings.department, version(), arrivals)
     logging.getLogger("toolbus").info("serving; journal %s", settings.journal)
     try:
-        anyio.run(serve_stdio, server, arrivals)
+        anyio.run(_serve, server, arrivals, bus.services.editor)
     finally:
         bus.services.editor.disconnect()
         journal.close()
     return 0
+
+
+async def _serve(server: Server[Any], arrivals: ArrivalOrder, editor: NvimEditor) -> None:
+    import anyio
+
+    from toolbus.adapters.mcp_server import serve_stdio
+
+    async def connect_early() -> None:
+        try:
+            await editor.connect()
+        except ToolbusError as error:  # no Neovim yet: the first call will look again
+            logging.getLogger("toolbus").info("not connected to Neovim yet: %s", error)
+
+    async with anyio.create_task_group() as starting:
+        starting.start_soon(connect_early)
+        await serve_stdio(server, arrivals)
+        starting.cancel_scope.cancel()
 
 
 def run_doctor(args: argparse.Namespace, settings: Settings) -> int:

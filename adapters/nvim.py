@@ -58,6 +58,8 @@ LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
 _LOAD_LUA = f"_G[{LUA_MODULE!r}] = (function(...)\n{LUA_SOURCE}\nend)({LUA_MODULE!r})"
 _MISSING = "\x00toolbus-lua-missing"
+# Loads the module (and its autocmds: selection tracking) unless this Neovim already has it.
+_LOAD_LUA_IF_MISSING = f"if _G[{LUA_MODULE!r}] == nil then {_LOAD_LUA} end"
 
 
 # --- finding Neovim ---------------------------------------------------------------------
@@ -242,6 +244,12 @@ class _Session(asyncio.Protocol):
         self._transport.write(self._packer.pack([_REQUEST, request_id, method, args]))
         return future
 
+    def notify(self, method: str, *args: Any) -> None:
+        """Send a request that wants no answer: Neovim runs it when it is free, and nothing
+        waits for it (or times out on it)."""
+        if self._transport is not None and self._lost is None:
+            self._transport.write(self._packer.pack([_NOTIFICATION, method, args]))
+
     def close(self) -> None:
         """Drop the connection; requests in flight fail. Safe after the event loop has closed."""
         if self._transport is not None:
@@ -342,6 +350,7 @@ class NvimEditor:
         self._locate = locate
         self.timeout = timeout
         self._session: _Session | None = None
+        self._connecting = asyncio.Lock()
         self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
         self._diffs: dict[str, _Diff] = {}  # open views by id
@@ -504,7 +513,18 @@ class NvimEditor:
         except EditorUnavailable as error:
             raise EditorLost(f"{error} (the connection broke while a request was in flight)") from None
 
+    async def connect(self) -> None:
+        """Connect now, not at the first call, and load toolbus's Lua into Neovim, so that what
+        it tracks there (the latest selection) is tracked from the start. The load is a
+        notification: a busy Neovim runs it when free, and it never times out or interrupts."""
+        session = await self._connect()
+        session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
+
     async def _connect(self) -> _Session:
+        async with self._connecting:  # one connection, even when calls begin together
+            return await self._connect_once()
+
+    async def _connect_once(self) -> _Session:
         if self._session is None or not self._session.alive:
             # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
             found = await anyio.to_thread.run_sync(self._locate)

@@ -172,6 +172,23 @@ async def test_the_latest_selection_outlives_visual_mode_and_the_buffer(
     assert (await selection(client, "getLatestSelection"))["text"] == "de"
 
 
+async def test_selections_are_tracked_from_when_toolbus_connects_not_from_its_first_call(
+    tmp_path: Path, files: Path
+) -> None:
+    nvim = NeovimProcess(tmp_path / "fresh")  # a Neovim toolbus has never called
+    try:
+        nvim.edit(files / "b.txt")
+        async with toolbus(tmp_path / "journal.db", nvim.address) as fresh:
+            loaded = "for name in pairs(_G) do if name:match('^toolbus_') then return true end end return false"
+            wait_for(nvim, lambda n: n.exec_lua(loaded))  # toolbus connected and set up its tracking
+            user_types(nvim, "ggwve", "v")
+            user_types(nvim, "<Esc>")
+            latest = await selection(fresh, "getLatestSelection")
+        assert (latest["text"], latest["filePath"]) == ("beta", str(files / "b.txt"))
+    finally:
+        nvim.kill()
+
+
 # --- getDiagnostics ---------------------------------------------------------------------------
 
 SET_DIAGNOSTICS = """
