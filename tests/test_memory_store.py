@@ -16,6 +16,7 @@ from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSave
 from toolbus.bus.queries import SearchQuery, TimelineQuery
 from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite import memory as store
 from toolbus.journal.sqlite.memory import (
     apply_observation,
     get_observations_sync,
@@ -403,3 +404,49 @@ def test_hidden_notes_never_change_what_a_caller_observes(memory: Memory, seed: 
     before = [_answers(memory, viewer, text) for viewer in viewers for text in queries]
     _hide(memory, rng, ["apple", "pear", "plum", "数据库", "café", "fsync", "データ"], 60)
     assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == before
+
+
+# --- a relevance page read score level by score level ---------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_pages_read_by_score_level_equal_the_whole_ranking(
+    memory: Memory, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `RANK_ALL_UP_TO` matches a relevance page comes level by level from SQL: the same
+    pages, whether they lie in one level, straddle two, or start past the title and tag hits."""
+    rng = random.Random(seed)
+    for i in range(80):
+        saved = _saved(rng, i)
+        memory.add(
+            saved.title,
+            saved.created_at_epoch,
+            **{
+                name: getattr(saved, name)
+                for name in ("text", "type", "project", "facts", "concepts", "agent", "department", "visibility")
+            },
+        )
+    _hide(memory, rng, ["apple", "pear", "plum", "fsync"], 20)
+    viewers = [ANYONE, Caller(agent="writer", department="d"), HIDDEN]
+    queries = [
+        {"text": t} for t in ("apple", "apple pear", '"pear plum"', "数据库 apple", "pl* fsync", "apple pear plum")
+    ]
+    queries += [{"text": "apple", "project": "q"}, {"text": "pear fsync", "types": ("bugfix", "discovery")}]
+    for viewer in viewers:
+        for query in queries:
+            monkeypatch.setattr(store, "RANK_ALL_UP_TO", 10**9)
+            ranking = memory.search(viewer, limit=100, **query)
+            anchor = memory.timeline(
+                viewer, text=query["text"], project=query.get("project"), depth_before=0, depth_after=0
+            )
+            monkeypatch.setattr(store, "RANK_ALL_UP_TO", 0)
+            for limit in (1, 3, 7):
+                pages = [
+                    memory.search(viewer, limit=limit, offset=o, **query) for o in range(0, len(ranking) + 8, limit)
+                ]
+                assert [i for page in pages for i in page] == ranking, (viewer, query, limit)
+            assert memory.total(viewer, limit=3, offset=len(ranking) + 2, **query) == len(ranking)
+            assert (
+                memory.timeline(viewer, text=query["text"], project=query.get("project"), depth_before=0, depth_after=0)
+                == anchor
+            )

@@ -14,6 +14,7 @@ characters become a phrase of bigrams, a single character a prefix of any indexe
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import re
@@ -333,6 +334,12 @@ class _Where:
     def sql(self) -> str:
         return " AND ".join(self.conditions)
 
+    def matching(self, expression: str) -> _Where:
+        """The same conditions with another FTS5 expression for `_matching`'s MATCH."""
+        other = copy.copy(self)
+        other.params = self.params | {"match": expression}
+        return other
+
 
 def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> _Where:
     where = _Where(viewer)
@@ -366,21 +373,37 @@ def search_sync(conn: sqlite3.Connection, query: SearchQuery, viewer: Caller) ->
     elif (matching := _matching(query, viewer)) is None:
         results, total = [], 0
     else:
-        ids = _matches(conn, query, *matching)
-        results, total = _index_rows(conn, ids[query.offset : query.offset + query.limit], viewer), len(ids)
+        where, phrases = matching
+        total = _count(conn, _FTS_SOURCE, where)
+        ids = _match_page(conn, query, where, phrases, total) if query.offset < total else []
+        results = _index_rows(conn, ids, viewer)
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
 
 
-def _matches(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str]) -> list[int]:
-    """The ids of every visible match, in the order asked, in one pass: they give both the page
-    and the total. Joining and filtering the matches is what costs; counting them in a second
-    query would pay for it twice."""
+# Up to this many visible matches, ranking them all in Python is as quick as reading a page
+# score level by score level, which pays for a query per level; `_levelled_page` beyond.
+RANK_ALL_UP_TO = 1000
+# Levels grow as 3 ** phrases; a query of more phrases matches few observations anyway.
+_LEVELLED_PHRASES = 3
+
+
+def _match_page(
+    conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str], total: int
+) -> list[int]:
+    """The ids of one page of the visible matches, in the order asked. SQL pages by date, and by
+    relevance when there are many matches: only the page's ids are read, never all of them."""
     if query.order_by != "relevance":
-        sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {_date_order(query)}"
-        return [row[0] for row in conn.execute(sql, where.params)]
-    # In the index's own order (no sort), newest first: the order among equal scores.
-    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY observations_fts.rowid DESC"
-    return _best_first(conn, [row[0] for row in conn.execute(sql, where.params)], phrases)
+        return _ids(conn, where, _date_order(query), query.limit, query.offset)
+    if total <= RANK_ALL_UP_TO or len(phrases) > _LEVELLED_PHRASES:
+        # In the index's own order (no sort), newest first: the order among equal scores.
+        newest_first = _ids(conn, where, "observations_fts.rowid DESC", -1, 0)
+        return _best_first(conn, newest_first, phrases)[query.offset : query.offset + query.limit]
+    return _levelled_page(conn, query, where, phrases)
+
+
+def _ids(conn: sqlite3.Connection, where: _Where, order: str, limit: int, offset: int) -> list[int]:
+    sql = f"SELECT o.id FROM {_FTS_SOURCE} WHERE {where.sql()} ORDER BY {order} LIMIT :limit OFFSET :offset"
+    return [row[0] for row in conn.execute(sql, where.params | {"limit": limit, "offset": offset})]
 
 
 # Relevance is a score of each observation on its own: every word or phrase of the query adds
@@ -414,6 +437,47 @@ def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list
     visible = set(newest_first)
     best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
     return best + [i for i in newest_first if i not in bonus]
+
+
+def _levelled_page(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str]) -> list[int]:
+    """A page of `_best_first`'s order read level by level, best first: each level is one
+    FTS5 expression, and FTS5 yields its rows newest first lazily, so a level that fills the
+    rest of the page stops after it; only a level wholly before the page is counted."""
+    page: list[int] = []
+    skip = query.offset
+    for level in _score_levels(phrases):
+        at_level = where.matching(level)
+        ids = _ids(conn, at_level, "observations_fts.rowid DESC", query.limit - len(page), skip)
+        if ids:
+            skip = 0
+        elif skip:
+            skip -= _count(conn, _FTS_SOURCE, at_level)
+        page += ids
+        if len(page) == query.limit:
+            break
+    return page
+
+
+def _score_levels(phrases: list[str]) -> list[str]:
+    """FTS5 expressions of the matches with each score, highest first: every phrase in the best
+    column it occurs in, each way of placing them summed to its score."""
+    by_score: dict[int, list[str]] = {}
+    for placing in itertools.product(*map(_best_columns, phrases)):
+        score = sum(weight for weight, _ in placing)
+        by_score.setdefault(score, []).append(" AND ".join(f"({condition})" for _, condition in placing))
+    return [" OR ".join(f"({each})" for each in by_score[score]) for score in sorted(by_score, reverse=True)]
+
+
+def _best_columns(phrase: str) -> list[tuple[int, str]]:
+    """For each weight `phrase` can score, the FTS5 condition that it scores exactly that."""
+    placed: list[tuple[int, str]] = []
+    above: list[str] = []  # the columns that weigh more
+    for column, weight in (*_RANKED_COLUMNS, (None, _TEXT_WEIGHT)):
+        found = f"{{{column}}} : {phrase}" if column else phrase
+        placed.append((weight, f"({found}) NOT ({{{' '.join(above)}}} : {phrase})" if above else found))
+        if column:
+            above.append(column)
+    return placed
 
 
 def _index_rows(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> list[IndexRow]:
@@ -492,8 +556,10 @@ def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> I
         found = row.fetchone()
         return IndexRow(*found) if found else None
     best = SearchQuery(text=query.text, limit=1, project=query.project)
-    matching = _matching(best, viewer)
-    found = _index_rows(conn, _matches(conn, best, *matching)[:1], viewer) if matching else []
+    if (matching := _matching(best, viewer)) is None:
+        return None
+    where, phrases = matching
+    found = _index_rows(conn, _match_page(conn, best, where, phrases, _count(conn, _FTS_SOURCE, where)), viewer)
     return found[0] if found else None
 
 
