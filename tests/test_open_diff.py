@@ -182,6 +182,10 @@ def test_quitting_the_proposal_rejects_it(
     assert rejected["data"]["by"] == "user" and journal.blob(rejected["data"]["proposed_blob"]) == b"nope\n"
     assert toolbus_cli(journal, "recover", str(rejected["position"])) == "nope\n"
     assert "diff rejected by the user" in toolbus_cli(journal, "history", str(path))
+    sql = "SELECT recoverable_blob, recoverable_bytes FROM file_history WHERE position = ?"
+    assert journal.rows(sql, rejected["position"]) == [
+        {"recoverable_blob": rejected["data"]["proposed_blob"], "recoverable_bytes": len(b"nope\n")}
+    ]
 
 
 def test_toolbus_accept_and_reject_commands_and_bdelete(server: StdioServer, nvim: NeovimProcess, files: Path) -> None:

@@ -75,6 +75,14 @@ def _memory_tables(db: sqlite_utils.Database) -> None:
     create_memory_tables(db)
 
 
+# What an event about a file leaves to recover: the text a save, restore or accepted diff
+# replaced, a close discarded, a rejected diff proposed, or a failed acceptance would have written.
+_RECOVERABLE = """CASE e.type
+           WHEN 'DiffRejected' THEN json_extract(e.data, '$.proposed_blob')
+           WHEN 'DiffAcceptFailed' THEN json_extract(e.data, '$.final_blob')
+           ELSE coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
+       END"""
+
 # Views for reading the journal with any SQLite tool; documented in journal/SCHEMA.md.
 AUDIT_VIEWS = {
     # One row per command and event (a command without events: one row, event columns NULL).
@@ -83,8 +91,9 @@ SELECT c.id AS command_id, c.received_at, c.tool, c.status, c.duration_ms, c.err
        c.agent, c.department, c.session_id, c.client_name, c.arguments,
        e.position, e.event_id, e.type AS event_type, e.stream, e.data AS event_data
 FROM commands AS c LEFT JOIN events AS e ON e.command_id = c.id""",
-    # Saves, refused saves, closes and restores, per file; `stream = 'file:' || path` is indexed.
-    "file_history": """
+    # Saves, refused saves, closes, restores, replays and diffs, per file; `stream = 'file:' || path`
+    # is indexed.
+    "file_history": f"""
 SELECT e.position, e.recorded_at, substr(e.stream, 6) AS path, e.stream, e.type AS event_type,
        c.tool, c.agent, c.session_id, e.command_id,
        json_extract(e.data, '$.bytes_written') AS bytes_written,
@@ -92,13 +101,11 @@ SELECT e.position, e.recorded_at, substr(e.stream, 6) AS path, e.stream, e.type 
        json_extract(e.data, '$.was_modified') AS was_modified,
        json_extract(e.data, '$.reason') AS refused_because,
        json_extract(e.data, '$.written_blob') AS written_blob,
-       coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
-           AS recoverable_blob,
+       {_RECOVERABLE} AS recoverable_blob,
        b.size AS recoverable_bytes
 FROM events AS e
 LEFT JOIN commands AS c ON c.id = e.command_id
-LEFT JOIN blobs AS b
-       ON b.hash = coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
+LEFT JOIN blobs AS b ON b.hash = {_RECOVERABLE}
 WHERE e.stream >= 'file:' AND e.stream < 'file;'""",
 }
 
@@ -137,7 +144,20 @@ def _fewer_indexes(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_core, _memory_tables, _audit_views, _fewer_indexes]
+def _diff_history(db: sqlite_utils.Database) -> None:
+    """`file_history` names what a diff decision leaves to recover: a rejected proposal, and
+    the text a user accepted that could not be written."""
+    db.execute("DROP VIEW IF EXISTS file_history")
+    db.create_view("file_history", AUDIT_VIEWS["file_history"].strip())
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _v1_core,
+    _memory_tables,
+    _audit_views,
+    _fewer_indexes,
+    _diff_history,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
