@@ -724,7 +724,14 @@ local function decide(id, action)
     text = buffer_text(view.proposal)
     vim.bo[view.proposal].modified = false
   end
-  vim.rpcnotify(view.chan, 'toolbus_diff', { id = id, action = action, text = text })
+  -- toolbus's connection may be gone (it then closes this view through a new one): keep the
+  -- view undecided rather than raise in the user's face.
+  if not pcall(vim.rpcnotify, view.chan, 'toolbus_diff', { id = id, action = action, text = text }) then
+    view.decided = false
+    if text and api.nvim_buf_is_valid(view.proposal) then
+      vim.bo[view.proposal].modified = true
+    end
+  end
 end
 
 local function scratch(name, text, filetype)

@@ -410,14 +410,18 @@ class NvimEditor:
                 "diff_open", view_id, session.channel, request.path, request.old_path, request.text, request.tab_name
             )
         except BaseException:
+            # Neovim may still open the view after toolbus gave up on the request (a timeout, a
+            # cancelled call): close it, on this connection or a new one, so none is orphaned.
             self._diffs.pop(view_id, None)
+            with anyio.CancelScope(shield=True):
+                await self._close_view(view_id)
             raise
         view = msgspec.convert(_to_bytes(found, ("shown",)), DiffView)
         if view.status != "open" or self._diffs[view_id].session is not self._session:
             self._diffs.pop(view_id, None)
             if view.status == "open":  # the connection was re-made meanwhile: no decision would reach us
                 await self._lua("diff_close", view_id)
-                raise EditorLost("the connection to Neovim was re-made while the diff opened; try again")
+                raise EditorUnavailable("the connection to Neovim was re-made while the diff opened; try again")
             return view
         self._diff_tabs[request.tab_name] = None
         while len(self._diff_tabs) > _KNOWN_DIFF_TABS:
@@ -437,9 +441,12 @@ class NvimEditor:
         return msgspec.convert(await self._lua("diff_stage", view, text), DiffStaged)
 
     async def close_diff(self, view: str) -> None:
-        diff = self._diffs.pop(view, None)
-        if diff is None or not diff.session.alive:
-            return
+        if self._diffs.pop(view, None) is not None:
+            await self._close_view(view)
+
+    async def _close_view(self, view: str) -> None:
+        """Close a view in Neovim, best effort: through a new connection if its own is gone
+        (a timeout closed it), so that no view is left that nobody hears a decision from."""
         with contextlib.suppress(ToolbusError, NvimRequestError):
             await self._lua("diff_close", view)
 
@@ -492,7 +499,8 @@ class NvimEditor:
         code = _LUA_CALLS.get(function) or _LUA_CALLS.setdefault(function, _lua_call(function))
         result = await self.request("nvim_exec_lua", code, args)
         if result == _MISSING:  # this Neovim has not seen this toolbus yet (or restarted)
-            await self.request("nvim_exec_lua", _LOAD_LUA, ())
+            # ...unless another call loaded it meanwhile: loading again would reset its state.
+            await self.request("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
             result = await self.request("nvim_exec_lua", code, args)
         return result
 

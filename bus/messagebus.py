@@ -88,11 +88,17 @@ class HandlerContext(Generic[C]):
         """The call now waits for a person: the calls after it go on, its client is kept informed."""
         self._waiting()
 
-    async def commit(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
-        """Append the outcome events (and the blobs they name) and mark the command done.
+    async def commit(
+        self, *events: Event, blobs: Mapping[str, bytes] | None = None, error: str | None = None
+    ) -> list[int]:
+        """Append the outcome events (and the blobs they name) and mark the command done: `ok`,
+        or `failed` with `error` (what the caller is told) when it did not do what was asked.
         Returns the events' journal positions."""
         self.commit_attempted = True
-        return await self._journal.finish(self._record, self.command_id, "ok", events=events, blobs=blobs or {})
+        status: Status = "ok" if error is None else "failed"
+        return await self._journal.finish(
+            self._record, self.command_id, status, events=events, blobs=blobs or {}, error=error
+        )
 
 
 Handler = Callable[[Any, HandlerContext[Any]], Awaitable[Reply]]

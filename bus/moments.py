@@ -12,7 +12,7 @@ from typing import NamedTuple
 ISO_FORMS = "an ISO date (2025-01-31) or date-time (2025-01-31T09:30:00Z)"
 AGO_FORMS = "a time ago (30m, 2h, 7d)"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-DAY = timedelta(days=1)
+DAY_MS = 86_400_000
 
 _AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)")
 _UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}

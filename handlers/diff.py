@@ -40,6 +40,7 @@ async def open_diff(command: OpenDiff, context: HandlerContext[Any]) -> TextItem
     proposal = command.new_file_contents.encode("utf-8", "surrogateescape")
     request = DiffRequest(path=command.file, old_path=command.old_file, text=proposal, tab_name=command.tab_name)
     await context.write_ahead({blob_hash(proposal): proposal})  # the view is an act in the editor
+    context.on_cancel = "cancelled"  # a view cancelled while it opens is closed again: no effect
     view = await editor.open_diff(request)
     if view.status == "dirty":
         raise Refused(
@@ -74,8 +75,9 @@ async def _propose_and_wait(
     decision = await editor_of(context).decision(view.id)
     if decision.action == "lost":
         raise EditorUnavailable(
-            "Neovim went away while openDiff waited for the user's decision: nothing was written. "
-            "The proposal is kept in the journal (toolbus recover)"
+            "Neovim went away while openDiff waited for the user's decision (or toolbus dropped its "
+            "connection after another request timed out): nothing was written, and the view is closed "
+            "if Neovim is still there. The proposal is kept in the journal (toolbus recover)"
         )
     if decision.action == "reject":
         await context.commit(
@@ -129,5 +131,6 @@ async def _failed(
     await context.commit(
         DiffAcceptFailed(path=view.path, tab_name=command.tab_name, final_blob=final, reason=reason, message=message),
         blobs={final: decision.text},
+        error=message,
     )
     raise Refused(message)

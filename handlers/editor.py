@@ -191,6 +191,8 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     editor = editor_of(context)
     # A diff view's name closes that view (rejecting it if it waits), and never a file buffer
     # whose name happens to end the same way: agents close their diffs by name when done.
+    if editor.diff_waiting(command.tab_name):
+        await context.write_ahead()  # rejecting a waiting diff is a decision, made in the editor
     if await editor.close_diffs(command.tab_name, "close_tab") or editor.diff_tab_known(command.tab_name):
         return TAB_CLOSED
     expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed

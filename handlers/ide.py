@@ -81,5 +81,6 @@ def _what_was_selected(opened: FileOpened) -> str:
 async def close_all_diff_tabs(command: CloseAllDiffTabs, context: HandlerContext[Any]) -> str:
     """Every waiting diff is rejected and its view closed; each openDiff call it ends commits
     its own `DiffRejected` (by closeAllDiffTabs). Decided views close with their call."""
+    await context.write_ahead()  # closing a waiting diff is a decision, made in the editor
     closed = await editor_of(context).close_diffs(None, "closeAllDiffTabs")
     return f"CLOSED_{closed}_DIFF_TABS"

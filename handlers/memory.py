@@ -21,13 +21,12 @@ from toolbus.bus import (
     Timeline,
 )
 from toolbus.bus.commands import SQLITE_INT_MAX, SQLITE_INT_MIN, ObservationType
-from toolbus.bus.moments import ISO_FORMS, epoch_ms, parse_iso
+from toolbus.bus.moments import DAY_MS, ISO_FORMS, epoch_ms, parse_iso
 from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
 _EPOCH_MS = re.compile(r"-?\d+")
-_DAY_MS = 86_400_000
 _DATE_FORMS = f"{ISO_FORMS} or epoch milliseconds"
 
 
@@ -135,7 +134,7 @@ def date_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool)
     except ValueError:
         raise InvalidArguments(tool, f"{field}: expected {_DATE_FORMS}, got {value!r}") from None
     # In ms, not as a datetime: the day after 9999-12-31 is past what datetime holds.
-    return epoch_ms(moment.at) + (_DAY_MS - 1 if end_of_day and moment.whole_day else 0)
+    return epoch_ms(moment.at) + (DAY_MS - 1 if end_of_day and moment.whole_day else 0)
 
 
 def _epoch_ms_in_range(tool: str, field: str, value: int) -> int:

@@ -176,6 +176,9 @@ class FakeEditor:
     def diff_tab_known(self, tab_name: str) -> bool:
         return False
 
+    def diff_waiting(self, tab_name: str) -> bool:
+        return False
+
 
 def _bus(journal: Any, editor: FakeEditor) -> Bus:
     return Bus({c.tool: c for c in TOOL_COMMANDS}, HANDLERS, journal, SimpleNamespace(editor=editor))

@@ -287,8 +287,9 @@ def test_a_file_changed_on_disk_since_the_diff_opened_is_a_conflict(
     result = server.wait_for(request)
     assert result["isError"] and "changed on disk" in texts(result)[0]
     assert path.read_text() == "the agent wrote this meanwhile\n"
-    _, events = last_diff(journal, "conflict")
+    command, events = last_diff(journal, "conflict")
     assert events[-1]["type"] == "DiffAcceptFailed" and journal.blob(events[-1]["data"]["final_blob"]) == b"proposal\n"
+    assert command["status"] == "failed" and command["error"] == texts(result)[0]  # as the caller was told
 
 
 def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
@@ -350,3 +351,27 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
     assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
     assert path.read_text() == "kept\n"
+
+
+def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp_path: Path) -> None:
+    nvim = NeovimProcess(tmp_path / "nvim")
+    path, blocking = tmp_path / "a.py", tmp_path / "b.py"
+    path.write_text("kept\n")
+    blocking.write_text("b\n")
+    try:
+        with start_server(tmp_path, nvim) as alone:
+            nvim.edit(blocking)
+            nvim.set_lines(blocking, ["changed"])
+            nvim.command("autocmd BufWritePre b.py call input('a prompt inside the save> ')")
+            request = propose(alone, path, "never\n", "dropped")
+            shown(nvim)
+            save = alone.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(blocking)}})
+            assert alone.wait_for(save, deadline=10)["isError"]  # timed out: toolbus dropped the connection
+            result = alone.wait_for(request, deadline=10)
+            assert result["isError"] and "nothing was written" in texts(result)[0]
+            wait_until(lambda: tabs(nvim) == 1, "the view closed through a new connection", timeout=10)
+    finally:
+        nvim.kill()
+    assert path.read_text() == "kept\n"
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "dropped")
+    assert command["status"] == "failed" and [e["type"] for e in events] == ["DiffProposed"]
