@@ -9,7 +9,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent
+from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent, typed_path
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
@@ -172,7 +172,7 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
 
 def print_history(reader: JournalReader, path: str, limit: int | None = None) -> None:
     entries = reader.history(path, limit)
-    shown = os.path.abspath(os.path.expanduser(path))
+    shown = typed_path(path)
     if not entries:
         print(f"{shown}: no saves or closes in the journal", file=sys.stderr)
         return

@@ -23,6 +23,7 @@ from toolbus.bus.commands import (
     Timeline,
     ToolHints,
     absolute_path,
+    typed_path,
 )
 from toolbus.bus.errors import (
     EditorLost,
@@ -150,5 +151,6 @@ __all__ = [
     "encode_event_data",
     "file_stream",
     "file_streams",
+    "typed_path",
     "upcaster",
 ]

@@ -62,6 +62,12 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
     editor: ClassVar[bool] = False
 
 
+def typed_path(value: str) -> str:
+    """A path as a person typed it on the command line: `~` expanded, relative to the current
+    directory."""
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def absolute_path(field: str, value: str) -> str:
     """`~` expanded, then required to be absolute."""
     expanded = os.path.expanduser(value)

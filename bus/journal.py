@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, get_args
 
 import msgspec
 
+from toolbus.bus.commands import typed_path
 from toolbus.bus.events import Event, file_stream
 
 Status = Literal["ok", "rejected", "failed", "in_doubt", "cancelled"]
@@ -161,7 +162,7 @@ class MemoryCheck:
 def file_streams(path: str) -> tuple[str, ...]:
     """The streams a file's events may be under: the path as Neovim resolves it (symlinks
     followed), and as typed, for a file since deleted or moved."""
-    typed = os.path.abspath(os.path.expanduser(path))
+    typed = typed_path(path)
     return tuple(dict.fromkeys((file_stream(os.path.realpath(typed)), file_stream(typed))))
 
 

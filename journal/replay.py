@@ -5,12 +5,11 @@ Backend-neutral: everything is read through the `JournalReader` port.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from toolbus.bus import JournalReader, StoredEvent, file_stream
+from toolbus.bus import JournalReader, StoredEvent, file_stream, typed_path
 
 # An accepted diff is a write. A replay (FileReplayed) is not replayed again.
 _WRITE_TYPES = ("DocumentSaved", "DiffAccepted", "FileRestored")
@@ -51,7 +50,7 @@ def parse_path_map(pairs: Sequence[str]) -> PathMap:
         old, sep, new = pair.partition("=")
         if not sep or not old or not new:
             raise ValueError(f"--map: expected FROM=TO (two directories), got {pair!r}")
-        mapping.append((os.path.abspath(os.path.expanduser(old)), os.path.abspath(os.path.expanduser(new))))
+        mapping.append((typed_path(old), typed_path(new)))
     return sorted(mapping, key=lambda item: len(item[0]), reverse=True)
 
 
