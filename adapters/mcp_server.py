@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -87,23 +88,27 @@ def build_server(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         caller = _caller(ctx, agent, department, session_id)
-        async with anyio.create_task_group() as keepalive:
+        # Progress reports start only for a call that goes on to wait for a person: a task group
+        # per call would cost every call, on the hot path, for the one tool that waits.
+        reporters: list[asyncio.Task[None]] = []
 
-            def waiting() -> None:
-                # The calls after this one go on; its client hears it is alive meanwhile.
-                if ctx.request_id is not None:
-                    arrivals.left(ctx.request_id)
-                if (token := _progress_token(ctx)) is not None:
-                    keepalive.start_soon(_report_progress, ctx, token, interval)
+        def waiting() -> None:
+            # The calls after this one go on; its client hears it is alive meanwhile.
+            if ctx.request_id is not None:
+                arrivals.left(ctx.request_id)
+            if (token := _progress_token(ctx)) is not None:
+                reporters.append(asyncio.get_running_loop().create_task(_report_progress(ctx, token, interval)))
 
-            try:
-                async with arrivals.turn(ctx.request_id):
-                    reply = await bus.handle(params.name, params.arguments, caller, waiting)
-            except ToolbusError as error:
-                result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
-            else:
-                result = types.CallToolResult(content=list(render(reply)))
-            keepalive.cancel_scope.cancel()
+        try:
+            async with arrivals.turn(ctx.request_id):
+                reply = await bus.handle(params.name, params.arguments, caller, waiting)
+        except ToolbusError as error:
+            result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
+        else:
+            result = types.CallToolResult(content=list(render(reply)))
+        finally:
+            for reporter in reporters:
+                reporter.cancel()
         return result
 
     return Server("toolbus", version=version, on_list_tools=list_tools, on_call_tool=call_tool)
@@ -121,10 +126,15 @@ async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, int
     while True:
         await anyio.sleep(interval)
         ticks += 1
-        await ctx.session.send_progress_notification(
-            token, float(ticks), message="waiting for the user's decision in Neovim",
-            related_request_id=str(ctx.request_id) if ctx.request_id is not None else None,
-        )
+        try:
+            await ctx.session.send_progress_notification(
+                token,
+                float(ticks),
+                message="waiting for the user's decision in Neovim",
+                related_request_id=str(ctx.request_id) if ctx.request_id is not None else None,
+            )
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return  # the client has gone: nobody to tell
 
 
 def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str) -> Caller:
