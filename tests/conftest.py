@@ -92,6 +92,24 @@ class NeovimProcess:
     def command(self, cmd: str) -> None:
         self.call(lambda n: n.command(cmd))
 
+    def occupy(self, *, forever: bool = False) -> None:
+        """Make Neovim busy and return once it is: a Vimscript loop for 60 s, which <C-c> ends,
+        or (forever) a Lua loop nothing interrupts. The loop first writes a marker file, so the
+        test knows it runs before it calls toolbus (a notification on another channel may be
+        read after the call)."""
+        marker = self.root / "busy"
+        marker.unlink(missing_ok=True)
+        if forever:
+            loop = f"lua vim.fn.writefile({{}}, {str(marker)!r}); while true do end"
+        else:
+            wait = "let t = reltime() | while reltimefloat(reltime(t)) < 60 | endwhile"
+            loop = f"call writefile([], {str(marker)!r}) | {wait}"
+        self.call(lambda n: n.command(loop, async_=True))
+        deadline = time.monotonic() + 10
+        while not marker.exists():
+            assert time.monotonic() < deadline, "Neovim did not start the busy loop"
+            time.sleep(0.01)
+
     def lua(self, code: str, *args: Any) -> Any:
         return self.call(lambda n: n.exec_lua(code, *args))
 

@@ -147,7 +147,6 @@ async def test_one_server_survives_a_run_of_neovim_faults(
     journal_path: Path, nvim: NeovimProcess, files: Path
 ) -> None:
     path = open_file(nvim, files)
-    busy = "let t = reltime() | while reltimefloat(reltime(t)) < 60 | endwhile"
     calls = 0
     with anyio.fail_after(GENEROUS * 3):
         async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
@@ -158,7 +157,7 @@ async def test_one_server_survives_a_run_of_neovim_faults(
                 assert result.is_error
                 nvim.start()
                 path = open_file(ready(nvim), files)
-                nvim.call(lambda n: n.command(busy, async_=True))  # busy: interrupted by toolbus
+                nvim.occupy()  # busy: interrupted by toolbus
                 result = await client.call_tool("checkDocumentDirty", {"filePath": str(path)})
                 assert result.is_error and "did not answer" in text_of(result)
                 assert usable(nvim)
@@ -187,7 +186,7 @@ async def test_the_answer_does_not_wait_for_the_interrupt(
 
     monkeypatch.setattr(nvim_adapter, "_ask", slow_ask)
     editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=0.5)
-    nvim.call(lambda n: n.command("lua while true do end", async_=True))  # busy for good
+    nvim.occupy(forever=True)  # busy for good
     try:
         with anyio.fail_after(GENEROUS):
             with pytest.raises(EditorTimeout, match="did not answer"):
@@ -203,7 +202,7 @@ async def test_a_neovim_stuck_in_a_lua_loop_is_reported_and_not_interrupted_agai
     journal_path: Path, nvim: NeovimProcess, files: Path
 ) -> None:
     path = open_file(nvim, files)
-    nvim.call(lambda n: n.command("lua while true do end", async_=True))  # <C-c> cannot stop it
+    nvim.occupy(forever=True)  # <C-c> cannot stop it
     with anyio.fail_after(GENEROUS * 2):
         async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
             messages = []
@@ -224,7 +223,7 @@ async def test_a_neovim_stuck_in_a_lua_loop_is_reported_and_not_interrupted_agai
 
 async def test_a_stuck_neovim_is_sent_no_more_interrupts(nvim: NeovimProcess, files: Path) -> None:
     path = open_file(nvim, files)
-    nvim.call(lambda n: n.command("lua while true do end", async_=True))
+    nvim.occupy(forever=True)
     editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=0.5)
     try:
         with anyio.fail_after(GENEROUS):
