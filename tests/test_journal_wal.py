@@ -12,7 +12,8 @@ from pathlib import Path
 
 from toolbus.bus import Caller, CommandRecord, DocumentSaved
 from toolbus.journal import SqliteJournal
-from toolbus.journal.sqlite.store import FALLBACK_CHECKPOINT_PAGES, Outcome
+from toolbus.journal.rows import Outcome
+from toolbus.journal.sqlite.store import FALLBACK_CHECKPOINT_PAGES
 
 PAGE = 4096
 WAL_HEADER = 32

@@ -9,46 +9,34 @@ because every append happens inside an immediate (exclusive-writer) transaction.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
-import queue
-import re
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
+from typing import Literal, TypeVar
 
-import msgspec
-
-from toolbus.bus import Caller, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
+from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
+from toolbus.journal.rows import Outcome, command_row, event_ids, valid_text
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
 from toolbus.journal.sqlite.schema import check_identity, migrate
 from toolbus.journal.sqlite.sql import transaction
-
-if TYPE_CHECKING:  # asyncio and anyio load lazily: commands that only read never pay for them
-    import asyncio
+from toolbus.journal.worker import Worker
 
 T = TypeVar("T")
 # FULL: every commit durable across power loss; NORMAL: safe from a crash of toolbus, not of the machine.
 Synchronous = Literal["FULL", "NORMAL"]
-
-# Arguments of a rejected call are kept for the audit, but never more than this.
-REJECTED_ARGUMENTS_LIMIT = 64 * 1024
 
 Projection = Callable[[sqlite3.Connection, int, Event], None]
 PROJECTIONS: dict[type[Event], Projection] = {
     ObservationSaved: apply_observation,  # type: ignore[dict-item]
 }
 
-_json = msgspec.json.Encoder()
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 log = logging.getLogger("toolbus.journal")
 
 # Background checkpoints: how long after a commit, and the WAL size (in pages) at which a
@@ -84,7 +72,7 @@ class SqliteJournal:
         self._synchronous = synchronous
         self._conn = self._open(create, synchronous)
         self._identity = _identity(path)
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
         self._checkpointer = _Checkpointer(path, synchronous, self._lock)
         self._flusher = _Flusher(Path(f"{path}-wal"))
         self._changes = self._conn.total_changes
@@ -190,7 +178,7 @@ class SqliteJournal:
         import anyio
 
         if self._worker is None:
-            self._worker = _Worker()
+            self._worker = Worker()
         future = self._worker.submit(self.run_sync, work)
         with anyio.CancelScope(shield=True):
             return await future
@@ -285,16 +273,6 @@ class SqliteJournal:
             return _record_new(conn, outcomes, finished_ns)
 
 
-class Outcome(NamedTuple):
-    """A command with its final status and what it emitted, ready to be recorded."""
-
-    record: CommandRecord
-    status: Status
-    error: str | None = None
-    events: Sequence[Event] = ()
-    blobs: Mapping[str, bytes] | None = None
-
-
 def _record(conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int) -> list[int]:
     """The command's final row, its blobs, its events and their projections (inside a transaction)."""
     if command_id is None:
@@ -320,7 +298,7 @@ def _record_new(conn: sqlite3.Connection, outcomes: Sequence[Outcome], finished_
     work is most of what a batch costs."""
     finished_at = iso_time(finished_ns)
     pid = os.getpid()
-    rows = [_command_row(o.record, o.status, o.error, pid, finished_ns, finished_at) for o in outcomes]
+    rows = [command_row(o.record, o.status, o.error, pid, finished_ns, finished_at) for o in outcomes]
     first_id = _insert_consecutive(conn, _INSERT_COMMAND, rows)
     events: list[tuple[int, Event]] = []
     for command_id, outcome in enumerate(outcomes, first_id):
@@ -519,76 +497,6 @@ class _Flusher:
             os.close(fd)
 
 
-class _Worker:
-    """One long-lived thread that runs journal work handed over from event loops.
-
-    Cheaper than a thread-pool hop per transaction (no limiter, no context copy, no pool
-    bookkeeping): a queue put to get there, one `call_soon_threadsafe` to come back.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="toolbus-journal", daemon=True).start()
-
-    def submit(
-        self, run: Callable[[Callable[[sqlite3.Connection], T]], T], work: Callable[[sqlite3.Connection], T]
-    ) -> asyncio.Future[T]:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((lambda: run(work), future, loop))
-        return future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            call, future, loop = job
-            try:
-                result = call()
-            except BaseException as error:  # delivered to the awaiting caller
-                _deliver(loop, future, None, error)
-            else:
-                _deliver(loop, future, result, None)
-
-
-_Job = tuple[Callable[[], object], "asyncio.Future[object]", "asyncio.AbstractEventLoop"]
-
-
-def _deliver(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
-) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
-        loop.call_soon_threadsafe(_settle, future, result, error)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-# UUIDv7 (RFC 9562) bits above the random ones: version 7, variant 0b10; and the random bits kept.
-_UUID7_MARKS = 0x7 << 76 | 0x2 << 62
-_UUID7_RANDOM = (1 << 80) - 1 & ~(0xF << 76 | 0x3 << 62)
-
-
-def event_ids(count: int) -> list[str]:
-    """`count` UUIDv7s as 32 hex digits. Time-ordered, unlike random UUIDv4s, so inserts into the
-    unique `event_id` index land on its last pages instead of anywhere in it. One clock read and
-    one urandom call for all: a batch's events share their millisecond anyway."""
-    stamp = (time.time_ns() // 1_000_000) << 80 | _UUID7_MARKS
-    noise = os.urandom(10 * count)
-    return [
-        f"{stamp | int.from_bytes(noise[at : at + 10], 'big') & _UUID7_RANDOM:032x}" for at in range(0, 10 * count, 10)
-    ]
-
-
 _INSERT_COMMAND = (
     "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
     " pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -604,74 +512,8 @@ def _insert_command(
 ) -> int:
     finished_at = iso_time(finished_ns) if finished_ns is not None else None
     return _insert_consecutive(
-        conn, _INSERT_COMMAND, [_command_row(record, status, error, os.getpid(), finished_ns, finished_at)]
+        conn, _INSERT_COMMAND, [command_row(record, status, error, os.getpid(), finished_ns, finished_at)]
     )
-
-
-def _command_row(
-    record: CommandRecord,
-    status: Status,
-    error: str | None,
-    pid: int,
-    finished_ns: int | None,
-    finished_at: str | None,
-) -> tuple[object, ...]:
-    """A `commands` row but its id, in `_INSERT_COMMAND`'s order."""
-    return (
-        valid_text(record.tool),
-        _arguments_json(record.arguments, status),
-        *_caller_columns(record.caller),
-        pid,
-        iso_time(record.received_ns),
-        finished_at,
-        (finished_ns - record.received_ns) / 1e6 if finished_ns is not None else None,
-        status,
-        valid_text(error),
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _caller_columns(caller: Caller) -> tuple[str | None, ...]:
-    # One caller (a frozen Struct) makes every call of a session: check its text once.
-    return (
-        valid_text(caller.agent),
-        valid_text(caller.department),
-        valid_text(caller.client_name),
-        valid_text(caller.client_version),
-        valid_text(caller.session_id),
-    )
-
-
-def _arguments_json(arguments: object, status: Status) -> str:
-    text = _encode_arguments(arguments)
-    if status == "rejected" and len(text) > REJECTED_ARGUMENTS_LIMIT:
-        return _json.encode({"_truncated": True, "bytes": len(text), "head": text[:4096]}).decode()
-    return text
-
-
-def _encode_arguments(arguments: object) -> str:
-    """The arguments as JSON text, whatever a client sent, so that every call can be recorded:
-    values JSON cannot hold become their repr, lone surrogates U+FFFD (SQLite stores UTF-8)."""
-    try:
-        return _json.encode(arguments).decode()
-    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # ValueError: surrogates
-        pass
-    try:
-        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False, default=repr)
-    except (TypeError, ValueError, RecursionError):
-        return _json.encode({"_unencodable": type(arguments).__name__}).decode()
-    return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-def valid_text(value: str | None) -> str | None:
-    """`value` as text SQLite can store: lone surrogates (which no UTF-8 can hold) become U+FFFD."""
-    if value is None or value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    return value
 
 
 def _writable(path: Path) -> bool:

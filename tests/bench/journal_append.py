@@ -30,7 +30,7 @@ from tests.bench.stats import median
 from toolbus.bus import Caller, CommandRecord, DocumentSaved
 from toolbus.bus.events import encode_event_data
 from toolbus.journal import SqliteJournal
-from toolbus.journal.sqlite.store import Outcome
+from toolbus.journal.rows import Outcome
 
 BATCH_SIZE = 100
 

@@ -1,0 +1,116 @@
+"""What every backend writes the same way: a finished command (`Outcome`), the columns of a
+`commands` row, event ids, and text every database can store."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import msgspec
+
+from toolbus.bus import Caller, CommandRecord, Event, Status
+from toolbus.bus.moments import iso_time
+
+_json = msgspec.json.Encoder()
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# Arguments of a rejected call are kept for the audit, but never more than this.
+REJECTED_ARGUMENTS_LIMIT = 64 * 1024
+
+
+class Outcome(NamedTuple):
+    """A command with its final status and what it emitted, ready to be recorded."""
+
+    record: CommandRecord
+    status: Status
+    error: str | None = None
+    events: Sequence[Event] = ()
+    blobs: Mapping[str, bytes] | None = None
+
+
+# UUIDv7 (RFC 9562) bits above the random ones: version 7, variant 0b10; and the random bits kept.
+_UUID7_MARKS = 0x7 << 76 | 0x2 << 62
+_UUID7_RANDOM = (1 << 80) - 1 & ~(0xF << 76 | 0x3 << 62)
+
+
+def event_ids(count: int) -> list[str]:
+    """`count` UUIDv7s as 32 hex digits. Time-ordered, unlike random UUIDv4s, so inserts into the
+    unique `event_id` index land on its last pages instead of anywhere in it. One clock read and
+    one urandom call for all: a batch's events share their millisecond anyway."""
+    stamp = (time.time_ns() // 1_000_000) << 80 | _UUID7_MARKS
+    noise = os.urandom(10 * count)
+    return [
+        f"{stamp | int.from_bytes(noise[at : at + 10], 'big') & _UUID7_RANDOM:032x}" for at in range(0, 10 * count, 10)
+    ]
+
+
+def command_row(
+    record: CommandRecord,
+    status: Status,
+    error: str | None,
+    pid: int,
+    finished_ns: int | None,
+    finished_at: str | None,
+) -> tuple[object, ...]:
+    """A `commands` row but its id: tool, arguments, agent, department, client name and version,
+    session id, pid, received_at, finished_at, duration_ms, status, error."""
+    return (
+        valid_text(record.tool),
+        _arguments_json(record.arguments, status),
+        *_caller_columns(record.caller),
+        pid,
+        iso_time(record.received_ns),
+        finished_at,
+        (finished_ns - record.received_ns) / 1e6 if finished_ns is not None else None,
+        status,
+        valid_text(error),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _caller_columns(caller: Caller) -> tuple[str | None, ...]:
+    # One caller (a frozen Struct) makes every call of a session: check its text once.
+    return (
+        valid_text(caller.agent),
+        valid_text(caller.department),
+        valid_text(caller.client_name),
+        valid_text(caller.client_version),
+        valid_text(caller.session_id),
+    )
+
+
+def _arguments_json(arguments: object, status: Status) -> str:
+    text = _encode_arguments(arguments)
+    if status == "rejected" and len(text) > REJECTED_ARGUMENTS_LIMIT:
+        return _json.encode({"_truncated": True, "bytes": len(text), "head": text[:4096]}).decode()
+    return text
+
+
+def _encode_arguments(arguments: object) -> str:
+    """The arguments as JSON text, whatever a client sent, so that every call can be recorded:
+    values JSON cannot hold become their repr, lone surrogates U+FFFD (SQLite stores UTF-8)."""
+    try:
+        return _json.encode(arguments).decode()
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):  # ValueError: surrogates
+        pass
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return _json.encode({"_unencodable": type(arguments).__name__}).decode()
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def valid_text(value: str | None) -> str | None:
+    """`value` as text SQLite can store: lone surrogates (which no UTF-8 can hold) become U+FFFD."""
+    if value is None or value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    return value
