@@ -1,0 +1,91 @@
+"""Rows of the journal's `commands` and `events` tables as the reader port returns them, the same
+for every backend (rows are read by column name: sqlite3.Row or a psycopg dict row)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from toolbus.bus import AuditEntry, StoredEvent, decode_event
+
+Row = Mapping[str, Any]
+
+
+def audit_entry(row: Row, events: list[StoredEvent]) -> AuditEntry:
+    """A `commands` row and its events as one entry of the audit."""
+    arguments = json_or_text(row["arguments"])
+    return AuditEntry(
+        id=row["id"],
+        received_at=row["received_at"],
+        finished_at=row["finished_at"],
+        duration_ms=row["duration_ms"],
+        tool=row["tool"],
+        target=target_of(arguments, events),
+        status=row["status"],
+        error=row["error"],
+        agent=row["agent"],
+        department=row["department"],
+        client_name=row["client_name"],
+        client_version=row["client_version"],
+        session_id=row["session_id"],
+        pid=row["pid"],
+        arguments=arguments,
+        events=events,
+    )
+
+
+def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:
+    """What a command was about, for a person: the file, tab, title or query."""
+    for event in events:
+        if path := event.data.get("path"):
+            return str(path)
+    if not isinstance(arguments, dict):
+        return None
+    for key in ("filePath", "tab_name", "path", "uri", "title", "query", "anchor", "ids", "event"):
+        if arguments.get(key) not in (None, ""):
+            value = arguments[key]
+            return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    return None
+
+
+def decode_stored_events(rows: Sequence[Row], blob_sizes: Callable[[set[str]], dict[str, int]]) -> list[StoredEvent]:
+    """Rows of `events` as StoredEvents, with the sizes of the blobs they name (`blob_sizes`
+    answers for all of them at once)."""
+    datas = [event_data(row["type"], row["version"], row["data"]) for row in rows]
+    sizes = blob_sizes({v for data in datas for k, v in data.items() if k.endswith("_blob") and v})
+    return [
+        StoredEvent(
+            position=row["position"],
+            event_id=row["event_id"],
+            command_id=row["command_id"],
+            type=row["type"],
+            version=row["version"],
+            stream=row["stream"],
+            recorded_at=row["recorded_at"],
+            data=data,
+            blobs={v: sizes[v] for k, v in data.items() if k.endswith("_blob") and v in sizes},
+        )
+        for row, data in zip(rows, datas, strict=True)
+    ]
+
+
+def event_data(type_name: str, version: int, data: str) -> dict[str, Any]:
+    """The data upcast to the current schema; the stored JSON as it is for a type this
+    toolbus does not know."""
+    try:
+        decoded: dict[str, Any] = msgspec.to_builtins(decode_event(type_name, version, data))
+    except (ValueError, KeyError, msgspec.ValidationError):
+        raw = json_or_text(data)
+        return raw if isinstance(raw, dict) else {"raw": raw}
+    return decoded
+
+
+def json_or_text(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text

@@ -1,0 +1,140 @@
+"""`JournalReader` on a team journal: read-only transactions on a connection of its own.
+
+An agent's login reads what row-level security shows it (its own commands, events and texts,
+and the observations it may see); the admin's reads everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, MemoryCheck, NoSuchEvent, StoredEvent, file_streams
+from toolbus.journal.postgres.replay import check_memory
+from toolbus.journal.postgres.store import Connection, connect
+from toolbus.journal.decoding import audit_entry, decode_stored_events
+
+_BATCH = 200
+
+
+class PostgresReader:
+    def __init__(self, url: str) -> None:
+        self._conn: Connection = connect(url)
+        self._conn.read_only = True
+
+    def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
+        sql, params = _command_sql(query)
+        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
+            rows = cursor.execute(sql, params).fetchall()
+        seen: set[int] = set()
+        for start in range(0, len(rows), _BATCH):
+            fresh = [row for row in rows[start : start + _BATCH] if row["id"] not in seen]
+            seen.update(row["id"] for row in fresh)
+            events = self._events_of([row["id"] for row in fresh])
+            for row in fresh:
+                yield audit_entry(row, events.get(row["id"], []))
+
+    def history(self, path: str, limit: int | None = None) -> list[HistoryEntry]:
+        sql = (
+            "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session"
+            " FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id WHERE e.stream = ANY(%s)"
+            " ORDER BY e.position DESC LIMIT %s"
+        )
+        rows = self._rows(sql, (list(file_streams(path)), limit))
+        return [
+            HistoryEntry(
+                event=event, tool=row["c_tool"], status=row["c_status"], agent=row["c_agent"], session_id=row["c_session"]
+            )
+            for row, event in zip(rows, self._stored(rows), strict=True)
+        ]
+
+    def event_at(self, position: int) -> StoredEvent:
+        return self._one("position", position, str(position))
+
+    def event_by_id(self, event_id: str) -> StoredEvent:
+        return self._one("event_id", event_id.lower(), event_id)
+
+    def events(self, types: Sequence[str], start: int = 0, end: int | None = None) -> Iterator[StoredEvent]:
+        after = start - 1
+        while True:
+            rows = self._rows(
+                "SELECT * FROM events WHERE type = ANY(%s) AND position > %s AND position <= %s"
+                " ORDER BY position LIMIT %s",
+                (list(types), after, end if end is not None else 2**63 - 1, _BATCH),
+            )
+            if not rows:
+                return
+            yield from self._stored(rows)
+            after = rows[-1]["position"]
+
+    def blob(self, digest: str) -> bytes | None:
+        rows = self._rows("SELECT content FROM blobs WHERE hash = %s LIMIT 1", (digest,))
+        return bytes(rows[0]["content"]) if rows else None
+
+    def check_memory(self) -> MemoryCheck:
+        with self._conn.transaction():
+            return check_memory(self._conn)
+
+    def counts(self) -> tuple[int, int]:
+        [row] = self._rows("SELECT (SELECT count(*) FROM commands) AS c, (SELECT count(*) FROM events) AS e", ())
+        return int(row["c"]), int(row["e"])
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
+            return cursor.execute(sql, params).fetchall()
+
+    def _one(self, column: str, value: object, shown: str) -> StoredEvent:
+        rows = self._rows(f"SELECT * FROM events WHERE {column} = %s", (value,))
+        if not rows:
+            raise NoSuchEvent(f"no event {shown} in the journal")
+        return self._stored(rows)[0]
+
+    def _stored(self, rows: Sequence[dict[str, Any]]) -> list[StoredEvent]:
+        return decode_stored_events(rows, self._blob_sizes)
+
+    def _blob_sizes(self, digests: set[str]) -> dict[str, int]:
+        if not digests:
+            return {}
+        rows = self._rows("SELECT DISTINCT hash, size FROM blobs WHERE hash = ANY(%s)", (sorted(digests),))
+        return {row["hash"]: row["size"] for row in rows}
+
+    def _events_of(self, command_ids: list[int]) -> dict[int, list[StoredEvent]]:
+        if not command_ids:
+            return {}
+        rows = self._rows("SELECT * FROM events WHERE command_id = ANY(%s) ORDER BY position", (command_ids,))
+        grouped: dict[int, list[StoredEvent]] = {}
+        for event in self._stored(rows):
+            if event.command_id is not None:
+                grouped.setdefault(event.command_id, []).append(event)
+        return grouped
+
+
+def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
+    """The commands matching `query`, newest first (PostgreSQL's planner picks the index)."""
+    pairs = (("tool", query.tool), ("status", query.status), ("session_id", query.session), ("agent", query.agent))
+    where = [f"c.{column} = %s" for column, value in pairs if value is not None]
+    params: list[Any] = [value for _, value in pairs if value is not None]
+    if query.since is not None:
+        where.append("c.received_at >= %s")
+        params.append(query.since)
+    if query.until is not None:
+        where.append("c.received_at < %s")
+        params.append(query.until)
+    if query.paths:
+        sql = "SELECT c.* FROM events AS e JOIN commands AS c ON c.id = e.command_id WHERE e.stream = ANY(%s)"
+        sql += "".join(f" AND {term}" for term in where) + " ORDER BY e.position DESC"
+        params.insert(0, list(query.paths))
+    else:
+        sql = "SELECT c.* FROM commands AS c" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY c.received_at DESC, c.id DESC"
+    if query.limit is not None:
+        sql += " LIMIT %s"
+        params.append(query.limit)
+    return sql, params

@@ -1,0 +1,184 @@
+"""The team journal's schema on PostgreSQL, its row-level security and its grants.
+
+Everything lives in the `toolbus` schema. The role that runs `toolbus journal init` owns the
+tables (it is the team's admin: it sees everything); agents are login roles the admin
+registers (`register_agent`), members of the `toolbus_agent` group role that holds their
+privileges. Row-level security makes the database itself enforce what an agent may see
+and write, whatever client it uses:
+
+- an agent reads its own commands, events and blobs, and the observations (and their events)
+  that their visibility shows it: public and project ones, its department's, its own;
+- it writes only in its own name and department, and never updates or deletes an event,
+  a blob or an observation (it may finish its own command: status, error and timing only).
+
+One gapless order of events across machines: a trigger gives each new event the next
+position under a transaction-scoped advisory lock, held until commit, so positions commit
+in order and a reader following the log never skips one (a rollback leaves no hole, unlike
+a sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+SCHEMA = "toolbus"
+AGENT_GROUP = "toolbus_agent"
+SCHEMA_VERSION = 1
+# pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
+APPEND_LOCK = 0x74627573
+
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS meta (key text PRIMARY KEY, value text NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS agents (
+        role text PRIMARY KEY,  -- a login role
+        department text NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS commands (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        request_key uuid UNIQUE,  -- chosen by the writer: a retried insert finds its row
+        tool text NOT NULL,
+        arguments text NOT NULL,  -- JSON, as the client sent it
+        agent text NOT NULL,
+        department text,
+        client_name text,
+        client_version text,
+        session_id text,
+        host text,  -- the machine that ran the command
+        pid integer,
+        received_at text NOT NULL,  -- ISO 8601, UTC, microseconds: sorts as text
+        finished_at text,
+        duration_ms double precision,
+        status text NOT NULL,
+        error text
+    )""",
+    "CREATE INDEX IF NOT EXISTS commands_by_time ON commands (received_at, id)",
+    "CREATE INDEX IF NOT EXISTS commands_by_tool ON commands (tool, received_at)",
+    "CREATE INDEX IF NOT EXISTS commands_by_agent ON commands (agent, received_at)",
+    """CREATE TABLE IF NOT EXISTS events (
+        position bigint PRIMARY KEY,  -- given by next_position(): gapless, in commit order
+        event_id text NOT NULL UNIQUE,
+        command_id bigint REFERENCES commands (id),
+        type text NOT NULL,
+        version integer NOT NULL,
+        stream text NOT NULL,
+        recorded_at text NOT NULL,
+        data text NOT NULL,  -- JSON
+        agent text NOT NULL,
+        department text NOT NULL,
+        visibility text NOT NULL  -- an observation's; 'private' for every other event
+    )""",
+    "CREATE INDEX IF NOT EXISTS events_by_stream ON events (stream, position)",
+    "CREATE INDEX IF NOT EXISTS events_by_command ON events (command_id)",
+    "CREATE INDEX IF NOT EXISTS events_by_type ON events (type, position)",
+    """CREATE TABLE IF NOT EXISTS blobs (
+        hash text NOT NULL,  -- SHA-256 of the content
+        agent text NOT NULL,  -- each agent keeps its own copy: a text is only its keeper's to read
+        size integer NOT NULL,
+        content bytea NOT NULL,
+        PRIMARY KEY (hash, agent)
+    )""",
+)
+
+_FUNCTIONS = (
+    # Runs as the owner (SECURITY DEFINER): it must see every position, which an agent cannot.
+    f"""CREATE OR REPLACE FUNCTION next_position() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+    BEGIN
+        PERFORM pg_advisory_xact_lock({APPEND_LOCK});
+        NEW.position := (SELECT coalesce(max(position), 0) + 1 FROM {SCHEMA}.events);
+        RETURN NEW;
+    END $$""",
+    "DROP TRIGGER IF EXISTS events_next_position ON events",
+    "CREATE TRIGGER events_next_position BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION next_position()",
+    f"""CREATE OR REPLACE FUNCTION my_department() RETURNS text LANGUAGE sql STABLE
+        SET search_path = {SCHEMA}, pg_temp AS $$ SELECT department FROM agents WHERE role = current_user $$""",
+)
+
+# Who sees an observation (and its event). `(SELECT ...)`: evaluated once per query, not per row.
+_SEES = (
+    "(visibility IN ('public', 'project') OR agent = current_user"
+    " OR (visibility = 'department' AND department = (SELECT my_department())))"
+)
+_IN_OWN_NAME = "agent = current_user AND department = (SELECT my_department())"
+_POLICIES = {
+    "commands": {
+        "SELECT": "USING (agent = current_user)",
+        "INSERT": f"WITH CHECK ({_IN_OWN_NAME})",
+        "UPDATE": "USING (agent = current_user) WITH CHECK (agent = current_user)",
+    },
+    "events": {
+        "SELECT": f"USING (agent = current_user OR {_SEES})",
+        # An event joins only a command of its own agent (the subquery sees no other).
+        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND (command_id IS NULL OR command_id IN (SELECT id FROM commands)))",
+    },
+    "blobs": {"SELECT": "USING (agent = current_user)", "INSERT": "WITH CHECK (agent = current_user)"},
+    "observations": {"SELECT": f"USING {_SEES}", "INSERT": f"WITH CHECK ({_IN_OWN_NAME})"},
+}
+_GRANTS = (
+    f"GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_GROUP}",
+    f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
+    f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
+    f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
+    f"GRANT EXECUTE ON FUNCTION my_department() TO {AGENT_GROUP}",
+)
+
+
+def init_schema(conn: psycopg.Connection[Any]) -> None:
+    """Create (or complete) the schema, its policies and grants, in one transaction: running
+    it again changes nothing. `conn` is the admin's, in autocommit mode."""
+    from toolbus.journal.postgres.memory import MEMORY_TABLES
+
+    with conn.transaction():
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        conn.execute(f"SET LOCAL search_path = {SCHEMA}")
+        _create_group(conn)
+        for statement in (*_TABLES, *MEMORY_TABLES, *_FUNCTIONS):
+            conn.execute(statement)
+        for table, policies in _POLICIES.items():
+            conn.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+            for action, rule in policies.items():
+                name = f"{table}_{action.lower()}"
+                conn.execute(f"DROP POLICY IF EXISTS {name} ON {table}")
+                conn.execute(f"CREATE POLICY {name} ON {table} FOR {action} TO {AGENT_GROUP} {rule}")
+        for statement in _GRANTS:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+
+
+def _create_group(conn: psycopg.Connection[Any]) -> None:
+    """The group role agents join; roles belong to the whole server, so it may exist already."""
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (AGENT_GROUP,)).fetchone()
+    if not exists:
+        conn.execute(f"CREATE ROLE {AGENT_GROUP} NOLOGIN")
+
+
+def register_agent(conn: psycopg.Connection[Any], role: str, department: str) -> None:
+    """Make the login role `role` an agent of `department` (or move it to another department)."""
+    from psycopg import sql
+
+    with conn.transaction():
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            raise LookupError(
+                f"there is no role {role!r} on this server: create it first, e.g. CREATE ROLE \"{role}\" LOGIN PASSWORD '...'"
+            )
+        conn.execute(
+            f"INSERT INTO {SCHEMA}.agents (role, department) VALUES (%s, %s)"
+            " ON CONFLICT (role) DO UPDATE SET department = excluded.department",
+            (role, department),
+        )
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(AGENT_GROUP), sql.Identifier(role)))
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The journal's schema version; None when the database holds no toolbus journal."""
+    found = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.meta",)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    row = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else None

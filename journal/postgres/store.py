@@ -1,0 +1,307 @@
+"""The team journal's writer on PostgreSQL: one connection, driven by its own thread.
+
+Every write is one transaction whose rows carry keys chosen before it starts (the command's
+`request_key`, the events' ids), so a transaction whose commit was cut off by a lost
+connection can be sent again: what it already wrote conflicts and is found, not doubled.
+A change's record is durable when the commit returns (PostgreSQL's default
+`synchronous_commit`); the record of a call that changed nothing commits without waiting
+for the disk, which the WAL writer reaches within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
+from toolbus.bus.events import encode_event_data
+from toolbus.bus.moments import iso_time
+from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
+from toolbus.journal.postgres.schema import SCHEMA, schema_version
+from toolbus.journal.rows import Outcome, command_row, event_ids
+from toolbus.journal.worker import Worker
+
+T = TypeVar("T")
+Connection = psycopg.Connection[tuple[Any, ...]]
+log = logging.getLogger("toolbus.journal")
+
+CONNECT_TIMEOUT = 5  # seconds: a server that is down is reported, never waited on
+_PRIVATE = "private"  # the visibility of every event but an observation's
+
+
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(("postgresql://", "postgres://"))
+
+
+def describe(url: str) -> str:
+    """The URL as people may see it: user, host, port and database, never a password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "a PostgreSQL URL that cannot be read"
+    user = params.get("user") or ""
+    where = params.get("host") or "localhost"
+    port = f":{params['port']}" if params.get("port") else ""
+    return f"postgresql://{user}{'@' if user else ''}{where}{port}/{params.get('dbname') or ''}"
+
+
+def connect(url: str) -> Connection:
+    """A connection in autocommit mode (transactions are explicit) with the journal's schema
+    on its search path; `JournalUnavailable` (password-free) when the server cannot be reached."""
+    try:
+        return psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            application_name="toolbus",
+            options=f"-c search_path={SCHEMA}",
+        )
+    except psycopg.Error as error:
+        raise JournalUnavailable(f"cannot reach the team journal at {describe(url)}: {_reason(error)}") from error
+
+
+def _reason(error: psycopg.Error) -> str:
+    """What went wrong, in PostgreSQL's words (which never hold the password)."""
+    text = str(error).strip().splitlines()
+    return text[-1] if text else type(error).__name__
+
+
+class PostgresJournal:
+    """`bus.JournalWriter` on a PostgreSQL database initialised by `toolbus journal init`.
+
+    `agent` and `department` are the login's identity: its role, and the department the
+    team's admin registered for it (None for a role that is not an agent, such as the admin's).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.location = describe(url)
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._conn: Connection | None = None
+        conn = self._connection()
+        if schema_version(conn) is None:
+            conn.close()
+            raise JournalNotFound(
+                f"no toolbus journal in {self.location}: the team's admin creates it with `toolbus journal init URL`"
+            )
+        row = conn.execute("SELECT current_user, my_department()").fetchone()
+        assert row is not None
+        self.agent, self.department = str(row[0]), (None if row[1] is None else str(row[1]))
+
+    # --- the connection and its thread ------------------------------------------------------
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.url)
+        return self._conn
+
+    def run_sync(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` in this thread with the connection, serialised with every other use. A
+        connection found broken is opened again and `work` sent once more: every `work` here
+        is safe to repeat (its keys make a second commit find the first)."""
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._connection()
+                try:
+                    return work(conn)
+                except psycopg.OperationalError as error:
+                    if not conn.closed and not conn.broken:
+                        raise self._unavailable(error) from error
+                    self._conn = None
+                    if attempt == 2:
+                        raise self._unavailable(error) from error
+                    log.warning("the team journal's connection broke (%s); connecting again", _reason(error))
+                except psycopg.Error as error:
+                    raise self._unavailable(error) from error
+            raise AssertionError("unreachable")
+
+    def _unavailable(self, error: psycopg.Error) -> JournalUnavailable:
+        return JournalUnavailable(f"the team journal at {self.location} failed: {_reason(error)}")
+
+    async def run(self, work: Callable[[Connection], T]) -> T:
+        """`run_sync` on the journal's own thread, shielded: once handed over, the work
+        completes and its outcome is awaited even if the caller is cancelled."""
+        import anyio
+
+        if self._worker is None:
+            self._worker = Worker()
+        future = self._worker.submit(self.run_sync, work)
+        with anyio.CancelScope(shield=True):
+            return await future
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+
+    # --- bus.JournalWriter --------------------------------------------------------------------
+
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+        key = uuid.uuid4()
+
+        def work(conn: Connection) -> int:
+            with conn.transaction():
+                if keep:
+                    _insert_blobs(conn, keep)
+                return _insert_command(conn, key, record, "in_doubt", None, None)
+
+        return await self.run(work)
+
+    async def finish(
+        self,
+        record: CommandRecord,
+        command_id: int | None,
+        status: Status,
+        *,
+        error: str | None = None,
+        events: Sequence[Event] = (),
+        blobs: Mapping[str, bytes] | None = None,
+    ) -> list[int]:
+        outcome = Outcome(record, status, error, events, blobs)
+        key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
+        return await self.run(lambda conn: _record(conn, outcome, command_id, key, ids, finished_ns))
+
+    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+        ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
+
+        def work(conn: Connection) -> list[int]:
+            with conn.transaction():
+                _insert_blobs(conn, blobs)
+                # The events are the command's: in its agent's name.
+                owner = conn.execute("SELECT agent, department FROM commands WHERE id = %s", (command_id,)).fetchone()
+                if owner is None:
+                    raise JournalUnavailable(f"no command {command_id} in the team journal to append to")
+                return _append(conn, command_id, owner[0], owner[1], events, ids, recorded_at)
+
+        return await self.run(work)
+
+    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        def work(conn: Connection) -> None:
+            with conn.transaction():
+                _insert_blobs(conn, blobs)
+
+        await self.run(work)
+
+    def record_many_sync(self, outcomes: Sequence[Outcome]) -> list[list[int]]:
+        """Several finished commands in one transaction (copies, benchmarks); each one's positions."""
+        finished_ns = time.time_ns()
+        prepared = [(outcome, uuid.uuid4(), event_ids(len(outcome.events))) for outcome in outcomes]
+
+        def work(conn: Connection) -> list[list[int]]:
+            with conn.transaction():
+                return [_record_in(conn, outcome, None, key, ids, finished_ns) for outcome, key, ids in prepared]
+
+        return self.run_sync(work)
+
+
+# --- the transactions ---------------------------------------------------------------------------
+
+
+def _record(
+    conn: Connection, outcome: Outcome, command_id: int | None, key: uuid.UUID, ids: list[str], finished_ns: int
+) -> list[int]:
+    with conn.transaction():
+        if not outcome.record.changes:
+            # Committed without waiting for the disk: nothing changed, and the WAL writer
+            # flushes it within wal_writer_delay.
+            conn.execute("SET LOCAL synchronous_commit = off")
+        return _record_in(conn, outcome, command_id, key, ids, finished_ns)
+
+
+def _record_in(
+    conn: Connection, outcome: Outcome, command_id: int | None, key: uuid.UUID, ids: list[str], finished_ns: int
+) -> list[int]:
+    """The command's final row, its blobs, its events and their projections (in a transaction)."""
+    record, finished_at = outcome.record, iso_time(finished_ns)
+    if command_id is None:
+        command_id = _insert_command(conn, key, record, outcome.status, outcome.error, finished_ns)
+    else:
+        conn.execute(
+            "UPDATE commands SET status = %s, error = %s, finished_at = %s, duration_ms = %s WHERE id = %s",
+            (outcome.status, outcome.error, finished_at, (finished_ns - record.received_ns) / 1e6, command_id),
+        )
+    if outcome.blobs:
+        _insert_blobs(conn, outcome.blobs)
+    caller = record.caller
+    return _append(conn, command_id, caller.agent, caller.department, outcome.events, ids, finished_at)
+
+
+_INSERT_COMMAND = (
+    "INSERT INTO commands (request_key, tool, arguments, agent, department, client_name, client_version,"
+    " session_id, pid, received_at, finished_at, duration_ms, status, error)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (request_key) DO NOTHING RETURNING id"
+)
+
+
+def _insert_command(
+    conn: Connection, key: uuid.UUID, record: CommandRecord, status: Status, error: str | None, finished_ns: int | None
+) -> int:
+    finished_at = iso_time(finished_ns) if finished_ns is not None else None
+    row = command_row(record, status, error, os.getpid(), finished_ns, finished_at)
+    inserted = conn.execute(_INSERT_COMMAND, (key, *row)).fetchone()
+    if inserted is None:  # sent before, by a commit whose answer was lost
+        inserted = conn.execute("SELECT id FROM commands WHERE request_key = %s", (key,)).fetchone()
+    assert inserted is not None
+    return int(inserted[0])
+
+
+def _insert_blobs(conn: Connection, blobs: Mapping[str, bytes]) -> None:
+    if blobs:
+        conn.cursor().executemany(
+            "INSERT INTO blobs (hash, agent, size, content) VALUES (%s, current_user, %s, %s) ON CONFLICT DO NOTHING",
+            [(digest, len(content), content) for digest, content in blobs.items()],
+        )
+
+
+_INSERT_EVENT = (
+    "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data, agent, department,"
+    " visibility) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING RETURNING position"
+)
+
+
+def _append(
+    conn: Connection,
+    command_id: int | None,
+    agent: str,
+    department: str | None,
+    events: Sequence[Event],
+    ids: list[str],
+    recorded_at: str,
+) -> list[int]:
+    """Events at the next positions (the trigger gives them), then their projections."""
+    positions = []
+    for event_id, event in zip(ids, events, strict=True):
+        owner = (event.agent, event.department, event.visibility) if isinstance(event, ObservationSaved) else None
+        row = (
+            event_id,
+            command_id,
+            event.__struct_config__.tag,
+            type(event).version,
+            event.stream,
+            recorded_at,
+            encode_event_data(event).decode(),
+            *(owner or (agent, department, _PRIVATE)),
+        )
+        inserted = conn.execute(_INSERT_EVENT, row).fetchone()
+        if inserted is None:  # written by an earlier attempt of this very transaction
+            found = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
+            assert found is not None
+            positions.append(int(found[0]))
+            continue
+        position = int(inserted[0])
+        positions.append(position)
+        if isinstance(event, ObservationSaved):
+            conn.execute(INSERT_OBSERVATION, observation_params(position, event))
+    return positions

@@ -1,0 +1,226 @@
+"""The PostgreSQL backend passes the journal contract, and keeps what only it promises: identity
+from the login, visibility and append-only rows enforced by the database, idempotent appends."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from tests.journal_contract import JournalContract, observation, record, saved
+from tests.postgres_server import drop_database, fresh_database, server_url, with_database
+from toolbus.bus import Caller, JournalReader, JournalUnavailable, JournalWriter
+from toolbus.handlers import MemoryStore
+from toolbus.journal.postgres import (
+    PostgresJournal,
+    PostgresMemoryStore,
+    PostgresReader,
+    connect,
+    init_schema,
+    register_agent,
+)
+from toolbus.journal.postgres.store import _record
+from toolbus.journal.rows import Outcome, event_ids
+
+
+def open_postgres_writer(location: str) -> PostgresJournal:
+    return PostgresJournal(location)
+
+
+def initialised_database() -> tuple[str, str]:
+    """A new database with a toolbus journal in it: its name and the admin's URL."""
+    name = fresh_database()
+    url = with_database(server_url(), name)
+    with connect(url) as conn:
+        init_schema(conn)
+    return name, url
+
+
+class TestPostgresJournal(JournalContract):
+    writer_factory = staticmethod(open_postgres_writer)
+
+    @pytest.fixture
+    def location(self, tmp_path: Path) -> Iterator[str]:
+        name, url = initialised_database()
+        yield url
+        drop_database(name)
+
+    def open_reader(self, location: str) -> JournalReader:
+        return PostgresReader(location)
+
+    def memory_store(self, writer: JournalWriter) -> MemoryStore:
+        assert isinstance(writer, PostgresJournal)
+        return PostgresMemoryStore(writer)
+
+
+# --- what only the team journal promises ------------------------------------------------------
+
+
+class Team:
+    """A team journal with three agents: two of platform, one of sales (roles named after the
+    database: roles belong to the whole server)."""
+
+    def __init__(self) -> None:
+        self.database, self.admin_url = initialised_database()
+        suffix = self.database.removeprefix("t_")
+        self.roles = {name: f"{name}_{suffix}" for name in ("alice", "bob", "carol")}
+        with connect(self.admin_url) as conn:
+            for name, department in (("alice", "platform"), ("bob", "platform"), ("carol", "sales")):
+                conn.execute(f'CREATE ROLE "{self.roles[name]}" LOGIN PASSWORD \'s3cret-{name}\'')
+                register_agent(conn, self.roles[name], department)
+
+    def url(self, name: str) -> str:
+        return with_database(server_url(), self.database, user=self.roles[name], password=f"s3cret-{name}")
+
+    def sql(self, name: str) -> psycopg.Connection[tuple[Any, ...]]:
+        """A plain SQL session as that agent, as psql would have."""
+        return psycopg.connect(self.url(name), autocommit=True, options="-c search_path=toolbus")
+
+    def drop(self) -> None:
+        drop_database(self.database)
+        with psycopg.connect(server_url(), autocommit=True) as conn:
+            for role in self.roles.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+@pytest.fixture
+def team() -> Iterator[Team]:
+    team = Team()
+    yield team
+    team.drop()
+
+
+def _as(team: Team, name: str) -> Caller:
+    writer = PostgresJournal(team.url(name))
+    try:
+        return Caller(agent=writer.agent, department=writer.department or "")
+    finally:
+        writer.close()
+
+
+def test_the_agent_is_the_login_and_its_department_the_admins_table(team: Team) -> None:
+    writer = PostgresJournal(team.url("carol"))
+    try:
+        assert (writer.agent, writer.department) == (team.roles["carol"], "sales")
+    finally:
+        writer.close()
+
+
+def _save_notes(team: Team, name: str) -> dict[str, int]:
+    """Notes of every visibility, and a file save with its texts, written as `name`."""
+    caller = _as(team, name)
+    writer = PostgresJournal(team.url(name))
+    notes = {
+        visibility: observation(f"{name} {visibility}", "a note", visibility=visibility, caller=caller)
+        for visibility in ("public", "project", "department", "private")
+    }
+    save, blobs = saved(f"/src/{name}.py", b"before\n", b"after\n")
+
+    async def work() -> dict[str, int]:
+        positions = {}
+        for visibility, note in notes.items():
+            [positions[visibility]] = await writer.finish(record("save", caller=caller), None, "ok", events=[note])
+        [positions["save"]] = await writer.finish(
+            record("saveDocument", caller=caller), None, "ok", events=[save], blobs=blobs
+        )
+        return positions
+
+    try:
+        return anyio.run(work)
+    finally:
+        writer.close()
+
+
+def test_row_level_security_shows_each_agent_only_what_it_may_see(team: Team) -> None:
+    _save_notes(team, "alice")
+    seen: dict[str, set[str]] = {}
+    for name in ("alice", "bob", "carol"):
+        with team.sql(name) as conn:
+            seen[name] = {row[0] for row in conn.execute("SELECT title FROM observations")}
+            events = conn.execute("SELECT type, data FROM events").fetchall()
+            commands = conn.execute("SELECT count(*) FROM commands").fetchone()
+            texts = conn.execute("SELECT count(*) FROM blobs").fetchone()
+        if name != "alice":
+            assert commands == (0,) and texts == (0,), name  # another's commands and texts: never
+            assert "DocumentSaved" not in {type_ for type_, _ in events}, name
+        assert len(events) == len(seen[name]) + (1 if name == "alice" else 0)
+    assert seen["alice"] == {"alice public", "alice project", "alice department", "alice private"}
+    assert seen["bob"] == {"alice public", "alice project", "alice department"}
+    assert seen["carol"] == {"alice public", "alice project"}
+
+
+def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) -> None:
+    positions = _save_notes(team, "alice")
+    alice = team.roles["alice"]
+    with team.sql("bob") as conn:
+        attempts = [
+            ("UPDATE events SET data = '{}' WHERE position = %s", (positions["public"],)),
+            ("DELETE FROM events WHERE position = %s", (positions["public"],)),
+            ("DELETE FROM observations WHERE id = %s", (positions["public"],)),
+            ("UPDATE observations SET title = 'mine' WHERE id = %s", (positions["public"],)),
+            ("TRUNCATE events", ()),
+            (
+                "INSERT INTO commands (tool, arguments, agent, department, received_at, status)"
+                " VALUES ('x', '{}', %s, 'platform', '2026', 'ok')",
+                (alice,),
+            ),
+            (
+                "INSERT INTO events (event_id, type, version, stream, recorded_at, data, agent, department, visibility)"
+                " VALUES ('e1', 'X', 1, 's', '2026', '{}', %s, 'platform', 'public')",
+                (alice,),
+            ),
+            (
+                "INSERT INTO events (event_id, type, version, stream, recorded_at, data, agent, department, visibility)"
+                " VALUES ('e2', 'X', 1, 's', '2026', '{}', current_user, 'sales', 'public')",
+                (),
+            ),
+            ("INSERT INTO agents (role, department) VALUES (current_user, 'sales')", ()),
+        ]
+        for sql, params in attempts:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql, params)
+        # An agent may finish its own commands: another's it cannot even find.
+        assert conn.execute("UPDATE commands SET status = 'failed'").rowcount == 0
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
+        assert admin.execute("SELECT count(*) FROM events").fetchone() == (5,)
+        assert {row[0] for row in admin.execute("SELECT status FROM commands")} == {"ok"}
+
+
+def test_a_retried_transaction_appends_nothing_twice(team: Team) -> None:
+    writer = PostgresJournal(team.admin_url)
+    caller = Caller(agent="claude", department="platform")
+    note = observation("once", "only once", caller=caller)
+    outcome = Outcome(record("save", caller=caller), "ok", events=[note])
+    key, ids = uuid.uuid4(), event_ids(1)
+    try:
+        first = writer.run_sync(lambda conn: _record(conn, outcome, None, key, ids, time.time_ns()))
+        again = writer.run_sync(lambda conn: _record(conn, outcome, None, key, ids, time.time_ns()))
+    finally:
+        writer.close()
+    assert first == again
+    reader = PostgresReader(team.admin_url)
+    try:
+        assert reader.counts() == (1, 1)
+    finally:
+        reader.close()
+
+
+def test_init_runs_again_without_changing_anything(team: Team) -> None:
+    _save_notes(team, "alice")
+    with connect(team.admin_url) as conn:
+        init_schema(conn)
+    with team.sql("bob") as conn:
+        assert conn.execute("SELECT count(*) FROM observations").fetchone() == (3,)
+
+
+def test_the_password_never_appears_in_an_error(team: Team) -> None:
+    url = team.url("alice").replace(f"/{team.database}", "/no_such_database")
+    with pytest.raises(JournalUnavailable) as raised:
+        PostgresJournal(url)
+    assert "s3cret" not in str(raised.value) and "no_such_database" in str(raised.value)
