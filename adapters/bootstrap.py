@@ -4,14 +4,19 @@ editor and the handlers into a bus, for `serve` and for every command."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from toolbus.adapters.config import Settings
+from toolbus.adapters.config import LOCAL_IDENTITY, Identity, Settings
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimAddress, NvimEditor, find_nvim
 from toolbus.bus import TOOL_COMMANDS, Bus, Command, JournalReader, ReplayClose, ReplayWrite, RestoreFile
 from toolbus.handlers import HANDLERS, Editor, Files, MemoryStore, Texts
 from toolbus.journal.sqlite import JournalTexts, SqliteJournal, SqliteMemoryStore, SqliteReader
 from toolbus.journal.sqlite.readonly import require_journal
+
+if TYPE_CHECKING:  # psycopg loads only for a team journal
+    from toolbus.journal.postgres import PostgresJournal
+
 
 # Commands only the command line runs: never listed as MCP tools.
 CLI_COMMANDS: tuple[type[Command], ...] = (RestoreFile, ReplayWrite, ReplayClose)
@@ -27,9 +32,14 @@ class Services:
     texts: Texts
 
 
-def open_writer(settings: Settings, *, create: bool = True) -> SqliteJournal:
+def open_writer(settings: Settings, *, create: bool = True) -> SqliteJournal | PostgresJournal:
     """The journal to append to. Without `create`, only an existing toolbus journal is opened:
-    a command pointed at the wrong file never migrates a stranger's database."""
+    a command pointed at the wrong file never migrates a stranger's database. A team journal
+    is never created here: its admin runs `toolbus journal init`."""
+    if isinstance(settings.journal, str):
+        from toolbus.journal.postgres import PostgresJournal
+
+        return PostgresJournal(settings.journal)
     if not create:
         require_journal(settings.journal)
     return SqliteJournal(
@@ -42,16 +52,51 @@ def open_writer(settings: Settings, *, create: bool = True) -> SqliteJournal:
 
 def open_reader(settings: Settings) -> JournalReader:
     """The journal to read: never created, migrated or written."""
+    if isinstance(settings.journal, str):
+        from toolbus.journal.postgres import PostgresReader
+
+        return PostgresReader(settings.journal)
     return SqliteReader(settings.journal, settings.journal_busy_timeout)
 
 
-def build_bus(settings: Settings, journal: SqliteJournal, editor: Editor | None = None, *, cli: bool = False) -> Bus:
+def identity(settings: Settings, journal: SqliteJournal | PostgresJournal) -> Identity:
+    """Who the journal records as the caller. A local journal believes `--agent` and
+    `--department`; a team journal knows its login: the role is the agent, the admin's table
+    gives the department, and a different `--agent` or `--department` is refused."""
+    if isinstance(journal, SqliteJournal):
+        return Identity(settings.agent or LOCAL_IDENTITY.agent, settings.department or LOCAL_IDENTITY.department)
+    if journal.department is None:
+        raise ValueError(
+            f"the role {journal.agent!r} is not an agent of the team journal at {journal.location}: "
+            f"its admin registers it with `toolbus journal agent URL {journal.agent} --department NAME`"
+        )
+    for option, given, known in (
+        ("--agent", settings.agent, journal.agent),
+        ("--department", settings.department, journal.department),
+    ):
+        if given is not None and given != known:
+            raise ValueError(
+                f"{option} {given!r} does not match the team journal's login ({known!r}): on a team "
+                f"journal the agent is the role you connect as, and its department is the admin's to set"
+            )
+    return Identity(journal.agent, journal.department)
+
+
+def build_bus(
+    settings: Settings, journal: SqliteJournal | PostgresJournal, editor: Editor | None = None, *, cli: bool = False
+) -> Bus:
     """The bus for `serve` (the MCP tools), or with `cli` also the commands only the command
     line runs (`recover --apply`, `replay editor`)."""
     editor = editor or NvimEditor(lambda: find_nvim(settings.nvim), settings.nvim_timeout)
-    services = Services(
-        editor=editor, memory=SqliteMemoryStore(journal), files=LocalFiles(), texts=JournalTexts(journal)
-    )
+    memory: MemoryStore
+    texts: Texts
+    if isinstance(journal, SqliteJournal):
+        memory, texts = SqliteMemoryStore(journal), JournalTexts(journal)
+    else:
+        from toolbus.journal.postgres import PostgresMemoryStore, PostgresTexts
+
+        memory, texts = PostgresMemoryStore(journal), PostgresTexts(journal)
+    services = Services(editor=editor, memory=memory, files=LocalFiles(), texts=texts)
     commands = TOOL_COMMANDS + CLI_COMMANDS if cli else TOOL_COMMANDS
     return Bus({cmd.tool: cmd for cmd in commands}, HANDLERS, journal, services)
 

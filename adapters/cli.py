@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from toolbus.adapters import cli_journal
+    from toolbus.adapters.cli_team import add_journal_commands
 
     parser = argparse.ArgumentParser(
         prog="toolbus",
@@ -61,14 +62,13 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the MCP server over stdio (what an agent starts)")
     serve.set_defaults(run=run_serve)
-    doctor = commands.add_parser(
-        "doctor", help="show the Neovim and journal toolbus would use, and check them"
-    )
+    doctor = commands.add_parser("doctor", help="show the Neovim and journal toolbus would use, and check them")
     doctor.set_defaults(run=run_doctor)
     for sub in (serve, doctor):
         add_settings_arguments(sub)
         sub.add_argument("-v", "--verbose", action="store_true", help="debug logs on stderr")
     cli_journal.add_commands(commands)
+    add_journal_commands(commands)
     return parser
 
 
@@ -76,14 +76,20 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import anyio
 
     from toolbus.adapters.arrival import ArrivalOrder
-    from toolbus.adapters.bootstrap import build_bus, open_writer
+    from toolbus.adapters.bootstrap import build_bus, identity, open_writer
     from toolbus.adapters.mcp_server import build_server, editor_tools
+    from toolbus.journal.location import shown
 
     journal = open_writer(settings)
+    try:
+        caller = identity(settings, journal)
+    except ValueError:
+        journal.close()
+        raise
     bus = build_bus(settings, journal)
     arrivals = ArrivalOrder(editor_tools(bus))
-    server = build_server(bus, settings.agent, settings.department, version(), arrivals)
-    logging.getLogger("toolbus").info("serving; journal %s", settings.journal)
+    server = build_server(bus, caller.agent, caller.department, version(), arrivals)
+    logging.getLogger("toolbus").info("serving; journal %s", shown(settings.journal))
     try:
         anyio.run(_serve, server, arrivals, bus.services.editor)
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from toolbus.adapters.config import Settings, add_settings_arguments
+from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments
 from toolbus.adapters.demo import add_demo
 from toolbus.adapters.report import print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
@@ -44,8 +44,8 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
 def _journal_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--journal",
-        metavar="PATH",
-        help="journal file ($TOOLBUS_JOURNAL; default $XDG_STATE_HOME/toolbus/journal.db)",
+        metavar="PATH|URL",
+        help=JOURNAL_HELP,
     )
 
 

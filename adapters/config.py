@@ -11,27 +11,33 @@ from pathlib import Path
 from typing import cast, get_args
 
 from toolbus.bus import Caller
+from toolbus.journal.location import is_postgres_url
 from toolbus.journal.sqlite import Synchronous as SyncMode
 from toolbus.journal.sqlite import default_journal_path
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    journal: Path
+    journal: Path | str  # a SQLite file, or a team journal's postgresql:// URL
     nvim: str | None  # explicit --nvim; None means $TOOLBUS_NVIM, $NVIM, then discovery
     nvim_timeout: float
-    agent: str
-    department: str
+    agent: str | None  # None: not given (a team journal takes it from the login)
+    department: str | None
     journal_sync: SyncMode
     journal_busy_timeout: float
+
+
+JOURNAL_HELP = (
+    "journal file, or a team journal's postgresql:// URL ($TOOLBUS_JOURNAL; default $XDG_STATE_HOME/toolbus/journal.db)"
+)
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags every command that talks to the journal or Neovim shares."""
     parser.add_argument(
         "--journal",
-        metavar="PATH",
-        help="journal file ($TOOLBUS_JOURNAL; default $XDG_STATE_HOME/toolbus/journal.db)",
+        metavar="PATH|URL",
+        help=JOURNAL_HELP,
     )
     parser.add_argument(
         "--nvim",
@@ -44,10 +50,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="timeout for each Neovim request ($TOOLBUS_NVIM_TIMEOUT; default 5)",
     )
-    parser.add_argument("--agent", help="this caller's agent name ($TOOLBUS_AGENT; default legacy)")
     parser.add_argument(
-        "--department", help="this caller's department ($TOOLBUS_DEPARTMENT; default default)"
+        "--agent",
+        help="this caller's agent name ($TOOLBUS_AGENT; default legacy; a team journal's is the login role)",
     )
+    parser.add_argument("--department", help="this caller's department ($TOOLBUS_DEPARTMENT; default default)")
     parser.add_argument(
         "--journal-sync",
         choices=get_args(SyncMode),
@@ -60,18 +67,21 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     journal = getattr(args, "journal", None) or env.get("TOOLBUS_JOURNAL")
     return Settings(
-        journal=Path(journal).expanduser() if journal else default_journal_path(env),
+        journal=journal_location(journal, env),
         nvim=getattr(args, "nvim", None),
-        nvim_timeout=_positive(
-            _first(getattr(args, "nvim_timeout", None), env.get("TOOLBUS_NVIM_TIMEOUT"), 5.0)
-        ),
-        agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or "legacy",
-        department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or "default",
-        journal_sync=_sync_mode(
-            getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"
-        ),
+        nvim_timeout=_positive(_first(getattr(args, "nvim_timeout", None), env.get("TOOLBUS_NVIM_TIMEOUT"), 5.0)),
+        agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or None,
+        department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or None,
+        journal_sync=_sync_mode(getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"),
         journal_busy_timeout=5.0,
     )
+
+
+def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
+    """A team journal's URL as it is; a file path expanded; nothing given: the default file."""
+    if not given:
+        return default_journal_path(env)
+    return given if is_postgres_url(given) else Path(given).expanduser()
 
 
 def _first(*values: float | str | None) -> float | str:
@@ -103,6 +113,17 @@ def version() -> str:
         return "unknown"
 
 
-def cli_caller(settings: Settings, client: str) -> Caller:
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who the journal records as the caller: an agent and its department."""
+
+    agent: str
+    department: str
+
+
+LOCAL_IDENTITY = Identity("legacy", "default")  # a local journal's caller when none is given
+
+
+def cli_caller(identity: Identity, client: str) -> Caller:
     """Who a command-line command acts as, for the journal."""
-    return Caller(agent=settings.agent, department=settings.department, client_name=client, client_version=version())
+    return Caller(agent=identity.agent, department=identity.department, client_name=client, client_version=version())

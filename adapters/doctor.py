@@ -8,7 +8,7 @@ import sqlite3
 from importlib import metadata
 
 from toolbus.adapters.bootstrap import open_reader
-from toolbus.adapters.config import Settings
+from toolbus.adapters.config import LOCAL_IDENTITY, Settings
 from toolbus.adapters.nvim import blocking_request, find_nvim
 from toolbus.bus import JournalUnavailable
 
@@ -21,9 +21,11 @@ def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
     lines.append(
         f"versions: toolbus {toolbus_version}, Python {platform.python_version()}, "
         f"SQLite {sqlite3.sqlite_version}, "
-        + ", ".join(f"{name} {_version(name)}" for name in ("mcp", "pynvim", "msgspec", "sqlite-utils"))
+        + ", ".join(f"{name} {_version(name)}" for name in ("mcp", "pynvim", "msgspec", "sqlite-utils", "psycopg"))
     )
-    lines.append(f"identity: agent {settings.agent!r}, department {settings.department!r}")
+    if not isinstance(settings.journal, str):  # a team journal's identity is its login: shown with it
+        agent, department = settings.agent or LOCAL_IDENTITY.agent, settings.department or LOCAL_IDENTITY.department
+        lines.append(f"identity: agent {agent!r}, department {department!r}")
     healthy = nvim_ok and journal_ok
     lines.append("ok: toolbus is ready" if healthy else "not ready: fix the lines marked ✗ above")
     return "\n".join(lines), healthy
@@ -54,6 +56,8 @@ def _check_nvim(settings: Settings, lines: list[str]) -> bool:
 
 
 def _check_journal(settings: Settings, lines: list[str]) -> bool:
+    if isinstance(settings.journal, str):
+        return _check_team_journal(settings, lines)
     path = settings.journal
     if not path.exists():
         parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
@@ -79,6 +83,29 @@ def _check_journal(settings: Settings, lines: list[str]) -> bool:
     state = "writable" if writable else "NOT writable: fix its permissions or choose another with --journal"
     lines.append(f"{mark} journal: {path} ({state}; {commands} commands, {events} events)")
     return writable
+
+
+def _check_team_journal(settings: Settings, lines: list[str]) -> bool:
+    from toolbus.journal.postgres import PostgresReader
+
+    try:
+        reader = PostgresReader(str(settings.journal))
+    except JournalUnavailable as error:
+        lines.append(f"✗ journal: {error}")
+        return False
+    try:
+        commands, events = reader.counts()
+    finally:
+        reader.close()
+    lines.append(f"✓ journal: {reader.location} (a team journal; {commands} commands, {events} events visible)")
+    if reader.department is None:
+        lines.append(
+            f"✗ identity: the role {reader.agent!r} is not a registered agent: the team's admin runs "
+            f"`toolbus journal agent URL {reader.agent} --department NAME`"
+        )
+        return False
+    lines.append(f"identity: agent {reader.agent!r}, department {reader.department!r} (from the login)")
+    return True
 
 
 def _version(distribution: str) -> str:

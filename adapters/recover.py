@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import anyio
 
-from toolbus.adapters.bootstrap import build_bus, open_writer
+from toolbus.adapters.bootstrap import build_bus, identity, open_writer
 from toolbus.adapters.config import Settings, cli_caller
 from toolbus.handlers.restore import Restored
 from toolbus.journal import Recoverable
@@ -27,7 +27,7 @@ def apply_recovery(settings: Settings, found: Recoverable) -> int:
         "blob": found.blob,
     }
     try:
-        reply = anyio.run(bus.handle, "recover", arguments, cli_caller(settings, "toolbus recover"))
+        reply = anyio.run(bus.handle, "recover", arguments, cli_caller(identity(settings, journal), "toolbus recover"))
     finally:
         journal.close()
     assert isinstance(reply, Restored)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
-from toolbus.adapters.bootstrap import build_bus, neovim_at, open_writer
+from toolbus.adapters.bootstrap import build_bus, identity, neovim_at, open_writer
 from toolbus.adapters.config import Settings, cli_caller
 from toolbus.bus import Bus, Caller, Fault, ToolbusError
 from toolbus.handlers.replay import Replayed
@@ -30,7 +30,7 @@ def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorSte
     journal = open_writer(settings, create=False)
     try:
         bus = build_bus(settings, journal, editor, cli=True)
-        anyio.run(replay_steps, bus, cli_caller(settings, "toolbus replay"), steps, report)
+        anyio.run(replay_steps, bus, cli_caller(identity(settings, journal), "toolbus replay"), steps, report)
     finally:
         editor.disconnect()
         journal.close()

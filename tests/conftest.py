@@ -20,6 +20,8 @@ import pynvim
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.postgres_server import Team
+
 T = TypeVar("T")
 NVIM = shutil.which("nvim", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
@@ -172,7 +174,7 @@ def journal_path(tmp_path: Path) -> Path:
 
 
 def server_params(
-    journal: Path,
+    journal: Path | str,
     nvim_address: str | None,
     *extra: str,
     env: dict[str, str] | None = None,
@@ -186,7 +188,7 @@ def server_params(
 
 @asynccontextmanager
 async def toolbus(
-    journal: Path,
+    journal: Path | str,
     nvim_address: str | None,
     *extra: str,
     mode: str = "auto",
@@ -258,3 +260,11 @@ class JournalReader:
 @pytest.fixture
 def journal(journal_path: Path) -> JournalReader:
     return JournalReader(journal_path)
+
+
+@pytest.fixture
+def team() -> Iterator[Team]:
+    """A team journal on PostgreSQL with alice and bob of platform and carol of sales."""
+    team = Team()
+    yield team
+    team.drop()

@@ -12,10 +12,13 @@ import os
 import tempfile
 import uuid
 from functools import cache
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+
+from toolbus.journal.postgres import connect, init_schema, register_agent
 
 
 @cache
@@ -59,3 +62,39 @@ def fresh_database() -> str:
 def drop_database(name: str) -> None:
     with admin() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def initialised_database() -> tuple[str, str]:
+    """A new database with a toolbus journal in it: its name and the admin's URL."""
+    name = fresh_database()
+    url = with_database(server_url(), name)
+    with connect(url) as conn:
+        init_schema(conn)
+    return name, url
+
+
+class Team:
+    """A team journal with three agents: two of platform, one of sales (roles named after the
+    database: roles belong to the whole server)."""
+
+    def __init__(self) -> None:
+        self.database, self.admin_url = initialised_database()
+        suffix = self.database.removeprefix("t_")
+        self.roles = {name: f"{name}_{suffix}" for name in ("alice", "bob", "carol")}
+        with connect(self.admin_url) as conn:
+            for name, department in (("alice", "platform"), ("bob", "platform"), ("carol", "sales")):
+                conn.execute(f"CREATE ROLE \"{self.roles[name]}\" LOGIN PASSWORD 's3cret-{name}'")
+                register_agent(conn, self.roles[name], department)
+
+    def url(self, name: str) -> str:
+        return with_database(server_url(), self.database, user=self.roles[name], password=f"s3cret-{name}")
+
+    def sql(self, name: str) -> psycopg.Connection[tuple[Any, ...]]:
+        """A plain SQL session as that agent, as psql would have."""
+        return psycopg.connect(self.url(name), autocommit=True, options="-c search_path=toolbus")
+
+    def drop(self) -> None:
+        drop_database(self.database)
+        with psycopg.connect(server_url(), autocommit=True) as conn:
+            for role in self.roles.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')

@@ -7,14 +7,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import psycopg
 import pytest
 
 from tests.journal_contract import JournalContract, observation, record, saved
-from tests.postgres_server import drop_database, fresh_database, server_url, with_database
+from tests.postgres_server import Team, drop_database, initialised_database
 from toolbus.bus import Caller, JournalReader, JournalUnavailable, JournalWriter
 from toolbus.handlers import MemoryStore
 from toolbus.journal.postgres import (
@@ -23,7 +22,6 @@ from toolbus.journal.postgres import (
     PostgresReader,
     connect,
     init_schema,
-    register_agent,
 )
 from toolbus.journal.postgres.store import _record
 from toolbus.journal.rows import Outcome, event_ids
@@ -31,15 +29,6 @@ from toolbus.journal.rows import Outcome, event_ids
 
 def open_postgres_writer(location: str) -> PostgresJournal:
     return PostgresJournal(location)
-
-
-def initialised_database() -> tuple[str, str]:
-    """A new database with a toolbus journal in it: its name and the admin's URL."""
-    name = fresh_database()
-    url = with_database(server_url(), name)
-    with connect(url) as conn:
-        init_schema(conn)
-    return name, url
 
 
 class TestPostgresJournal(JournalContract):
@@ -60,40 +49,6 @@ class TestPostgresJournal(JournalContract):
 
 
 # --- what only the team journal promises ------------------------------------------------------
-
-
-class Team:
-    """A team journal with three agents: two of platform, one of sales (roles named after the
-    database: roles belong to the whole server)."""
-
-    def __init__(self) -> None:
-        self.database, self.admin_url = initialised_database()
-        suffix = self.database.removeprefix("t_")
-        self.roles = {name: f"{name}_{suffix}" for name in ("alice", "bob", "carol")}
-        with connect(self.admin_url) as conn:
-            for name, department in (("alice", "platform"), ("bob", "platform"), ("carol", "sales")):
-                conn.execute(f'CREATE ROLE "{self.roles[name]}" LOGIN PASSWORD \'s3cret-{name}\'')
-                register_agent(conn, self.roles[name], department)
-
-    def url(self, name: str) -> str:
-        return with_database(server_url(), self.database, user=self.roles[name], password=f"s3cret-{name}")
-
-    def sql(self, name: str) -> psycopg.Connection[tuple[Any, ...]]:
-        """A plain SQL session as that agent, as psql would have."""
-        return psycopg.connect(self.url(name), autocommit=True, options="-c search_path=toolbus")
-
-    def drop(self) -> None:
-        drop_database(self.database)
-        with psycopg.connect(server_url(), autocommit=True) as conn:
-            for role in self.roles.values():
-                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
-
-
-@pytest.fixture
-def team() -> Iterator[Team]:
-    team = Team()
-    yield team
-    team.drop()
 
 
 def _as(team: Team, name: str) -> Caller:

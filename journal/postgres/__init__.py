@@ -2,17 +2,16 @@
 and the schema with the row-level security that enforces who sees and writes what."""
 
 from toolbus.journal.postgres.memory import PostgresMemoryStore
-from toolbus.journal.postgres.reader import PostgresReader
+from toolbus.journal.postgres.reader import PostgresReader, PostgresTexts
 from toolbus.journal.postgres.schema import init_schema, register_agent
-from toolbus.journal.postgres.store import PostgresJournal, connect, describe, is_postgres_url
+from toolbus.journal.postgres.store import PostgresJournal, connect
 
 __all__ = [
     "PostgresJournal",
     "PostgresMemoryStore",
     "PostgresReader",
+    "PostgresTexts",
     "connect",
-    "describe",
     "init_schema",
-    "is_postgres_url",
     "register_agent",
 ]

@@ -11,10 +11,19 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, MemoryCheck, NoSuchEvent, StoredEvent, file_streams
-from toolbus.journal.postgres.replay import check_memory
-from toolbus.journal.postgres.store import Connection, connect
+from toolbus.bus import (
+    AuditEntry,
+    AuditQuery,
+    HistoryEntry,
+    MemoryCheck,
+    NoSuchEvent,
+    StoredEvent,
+    file_streams,
+)
 from toolbus.journal.decoding import audit_entry, decode_stored_events
+from toolbus.journal.location import shown
+from toolbus.journal.postgres.replay import check_memory
+from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
 
 _BATCH = 200
 
@@ -23,6 +32,8 @@ class PostgresReader:
     def __init__(self, url: str) -> None:
         self._conn: Connection = connect(url)
         self._conn.read_only = True
+        self.location = shown(url)
+        self.agent, self.department = check_journal(self._conn, self.location)
 
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
         sql, params = _command_sql(query)
@@ -45,7 +56,11 @@ class PostgresReader:
         rows = self._rows(sql, (list(file_streams(path)), limit))
         return [
             HistoryEntry(
-                event=event, tool=row["c_tool"], status=row["c_status"], agent=row["c_agent"], session_id=row["c_session"]
+                event=event,
+                tool=row["c_tool"],
+                status=row["c_status"],
+                agent=row["c_agent"],
+                session_id=row["c_session"],
             )
             for row, event in zip(rows, self._stored(rows), strict=True)
         ]
@@ -138,3 +153,17 @@ def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
         sql += " LIMIT %s"
         params.append(query.limit)
     return sql, params
+
+
+class PostgresTexts:
+    """`handlers.ports.Texts`: the team journal's blobs, read on the writer's thread."""
+
+    def __init__(self, journal: PostgresJournal) -> None:
+        self._journal = journal
+
+    async def text(self, digest: str) -> bytes | None:
+        def work(conn: Connection) -> bytes | None:
+            row = conn.execute("SELECT content FROM blobs WHERE hash = %s LIMIT 1", (digest,)).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._journal.run(work)

@@ -165,7 +165,8 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
     with conn.transaction():
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
             raise LookupError(
-                f"there is no role {role!r} on this server: create it first, e.g. CREATE ROLE \"{role}\" LOGIN PASSWORD '...'"
+                f"there is no role {role!r} on this server: create it first "
+                f"(CREATE ROLE \"{role}\" LOGIN PASSWORD '...')"
             )
         conn.execute(
             f"INSERT INTO {SCHEMA}.agents (role, department) VALUES (%s, %s)"
@@ -176,9 +177,16 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:
-    """The journal's schema version; None when the database holds no toolbus journal."""
-    found = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.meta",)).fetchone()
-    if found is None or found[0] is None:
+    """The journal's schema version; None when the database holds no toolbus journal.
+    PermissionError when it does but this login may not use it (not a registered agent)."""
+    [(exists, usable)] = conn.execute(
+        "SELECT to_regnamespace(%s) IS NOT NULL,"
+        " CASE WHEN to_regnamespace(%s) IS NULL THEN false ELSE has_schema_privilege(%s, 'USAGE') END",
+        (SCHEMA, SCHEMA, SCHEMA),
+    ).fetchall()
+    if not exists:
         return None
+    if not usable:
+        raise PermissionError("this login may not use the team journal")
     row = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
     return int(row[0]) if row else None

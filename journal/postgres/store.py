@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
+from toolbus.journal.location import shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 from toolbus.journal.postgres.schema import SCHEMA, schema_version
 from toolbus.journal.rows import Outcome, command_row, event_ids
@@ -35,22 +35,6 @@ log = logging.getLogger("toolbus.journal")
 
 CONNECT_TIMEOUT = 5  # seconds: a server that is down is reported, never waited on
 _PRIVATE = "private"  # the visibility of every event but an observation's
-
-
-def is_postgres_url(location: str) -> bool:
-    return location.startswith(("postgresql://", "postgres://"))
-
-
-def describe(url: str) -> str:
-    """The URL as people may see it: user, host, port and database, never a password."""
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "a PostgreSQL URL that cannot be read"
-    user = params.get("user") or ""
-    where = params.get("host") or "localhost"
-    port = f":{params['port']}" if params.get("port") else ""
-    return f"postgresql://{user}{'@' if user else ''}{where}{port}/{params.get('dbname') or ''}"
 
 
 def connect(url: str) -> Connection:
@@ -65,7 +49,29 @@ def connect(url: str) -> Connection:
             options=f"-c search_path={SCHEMA}",
         )
     except psycopg.Error as error:
-        raise JournalUnavailable(f"cannot reach the team journal at {describe(url)}: {_reason(error)}") from error
+        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {_reason(error)}") from error
+
+
+def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
+    """Check that the database holds a toolbus journal this login may use; return the login's
+    role and the department the admin registered for it (None if none). Closes `conn` if not."""
+    try:
+        version = schema_version(conn)
+    except PermissionError:
+        role = conn.execute("SELECT current_user").fetchone()
+        conn.close()
+        raise JournalUnavailable(
+            f"the role {role[0] if role else '?'!r} is not an agent of the team journal at {location}: its admin "
+            f"registers it with `toolbus journal agent URL ROLE --department NAME`"
+        ) from None
+    if version is None:
+        conn.close()
+        raise JournalNotFound(
+            f"no toolbus journal in {location}: the team's admin creates it with `toolbus journal init URL`"
+        )
+    row = conn.execute("SELECT current_user, my_department()").fetchone()
+    assert row is not None
+    return str(row[0]), row[1]
 
 
 def _reason(error: psycopg.Error) -> str:
@@ -83,19 +89,11 @@ class PostgresJournal:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.location = describe(url)
+        self.location = shown(url)
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._conn: Connection | None = None
-        conn = self._connection()
-        if schema_version(conn) is None:
-            conn.close()
-            raise JournalNotFound(
-                f"no toolbus journal in {self.location}: the team's admin creates it with `toolbus journal init URL`"
-            )
-        row = conn.execute("SELECT current_user, my_department()").fetchone()
-        assert row is not None
-        self.agent, self.department = str(row[0]), (None if row[1] is None else str(row[1]))
+        self.agent, self.department = check_journal(self._connection(), self.location)
 
     # --- the connection and its thread ------------------------------------------------------
 
@@ -193,6 +191,12 @@ class PostgresJournal:
 
         await self.run(work)
 
+    def rebuild_memory(self) -> int:
+        """Drop the memory store's rows and project every saved observation again (the admin's)."""
+        from toolbus.journal.postgres.replay import rebuild_memory
+
+        return self.run_sync(rebuild_memory)
+
     def record_many_sync(self, outcomes: Sequence[Outcome]) -> list[list[int]]:
         """Several finished commands in one transaction (copies, benchmarks); each one's positions."""
         finished_ns = time.time_ns()
@@ -200,7 +204,7 @@ class PostgresJournal:
 
         def work(conn: Connection) -> list[list[int]]:
             with conn.transaction():
-                return [_record_in(conn, outcome, None, key, ids, finished_ns) for outcome, key, ids in prepared]
+                return [insert_outcome(conn, outcome, None, key, ids, finished_ns) for outcome, key, ids in prepared]
 
         return self.run_sync(work)
 
@@ -216,10 +220,10 @@ def _record(
             # Committed without waiting for the disk: nothing changed, and the WAL writer
             # flushes it within wal_writer_delay.
             conn.execute("SET LOCAL synchronous_commit = off")
-        return _record_in(conn, outcome, command_id, key, ids, finished_ns)
+        return insert_outcome(conn, outcome, command_id, key, ids, finished_ns)
 
 
-def _record_in(
+def insert_outcome(
     conn: Connection, outcome: Outcome, command_id: int | None, key: uuid.UUID, ids: list[str], finished_ns: int
 ) -> list[int]:
     """The command's final row, its blobs, its events and their projections (in a transaction)."""

@@ -1,0 +1,89 @@
+"""`toolbus journal`: what a team's admin does to a team journal on PostgreSQL.
+
+    toolbus journal init URL                         the schema, its policies and grants (again: no change)
+    toolbus journal agent URL ROLE --department D    make a login role an agent of a department
+    toolbus journal copy SQLITE_FILE URL             bring a local journal's memory and history (once)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from toolbus.adapters.config import Settings
+from toolbus.bus import typed_path
+from toolbus.journal.location import is_postgres_url, shown
+
+
+def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = commands.add_parser(
+        "journal",
+        help="set up a team journal on PostgreSQL: init, agent, copy",
+        description="Set up a team journal on PostgreSQL. The URL's password may come from the URL, "
+        "$PGPASSWORD or ~/.pgpass; it is never shown.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = actions.add_parser("init", help="create the schema, its row-level security and grants (idempotent)")
+    init.add_argument("url", metavar="URL", help="postgresql://ADMIN@HOST/DATABASE")
+    init.set_defaults(run=run_init)
+    agent = actions.add_parser("agent", help="register a login role as an agent of a department")
+    agent.add_argument("url", metavar="URL", help="postgresql://ADMIN@HOST/DATABASE")
+    agent.add_argument("role", metavar="ROLE", help="the agent's login role (create it first: CREATE ROLE ... LOGIN)")
+    agent.add_argument("--department", required=True, help="the department whose notes it may see")
+    agent.set_defaults(run=run_agent)
+    copy = actions.add_parser("copy", help="copy a local journal's memory and file history into a team journal")
+    copy.add_argument("source", metavar="SQLITE_FILE", help="the local journal")
+    copy.add_argument("url", metavar="URL", help="postgresql://USER@HOST/DATABASE (an agent copies in its own name)")
+    copy.set_defaults(run=run_copy)
+
+
+def _team_url(text: str) -> str:
+    if not is_postgres_url(text):
+        raise ValueError(f"URL: expected a postgresql:// URL, got {text!r}")
+    return text
+
+
+def run_init(args: argparse.Namespace, settings: Settings) -> int:
+    from toolbus.journal.postgres import connect, init_schema
+
+    url = _team_url(args.url)
+    with connect(url) as conn:
+        init_schema(conn)
+    print(f"the team journal at {shown(url)} is ready; register agents with `toolbus journal agent`")
+    return 0
+
+
+def run_agent(args: argparse.Namespace, settings: Settings) -> int:
+    from toolbus.journal.postgres import connect, register_agent
+
+    url = _team_url(args.url)
+    with connect(url) as conn:
+        try:
+            register_agent(conn, args.role, args.department)
+        except LookupError as error:
+            raise ValueError(str(error)) from None
+    print(f"{args.role} is an agent of {args.department} in the team journal at {shown(url)}")
+    return 0
+
+
+def run_copy(args: argparse.Namespace, settings: Settings) -> int:
+    from toolbus.journal.postgres import PostgresJournal
+    from toolbus.journal.postgres.copy import copy_journal
+    from toolbus.journal.sqlite import SqliteReader
+    from toolbus.journal.sqlite.readonly import require_journal
+
+    source_path = Path(typed_path(args.source))
+    require_journal(source_path)
+    url = _team_url(args.url)
+    source, target = SqliteReader(source_path), PostgresJournal(url)
+    try:
+        copied = copy_journal(source, target)
+    finally:
+        source.close()
+        target.close()
+    print(
+        f"copied {copied.commands} commands ({copied.events} events, {copied.observations} observations) "
+        f"from {source_path} to {shown(url)}; {copied.already} were there already"
+    )
+    return 0

@@ -1,0 +1,173 @@
+"""A team journal on PostgreSQL, end to end: `toolbus serve --journal postgresql://...` driven
+by an MCP client as each agent, the `toolbus journal` commands, and the faults of a server that
+stops under a running toolbus."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from tests.conftest import NeovimProcess, json_of, text_of, toolbus
+from tests.journal_contract import observation, record, saved
+from tests.postgres_server import Team
+from toolbus.bus import Caller
+from toolbus.journal.postgres import connect, init_schema, register_agent
+from toolbus.journal.sqlite import SqliteJournal
+
+pytestmark = pytest.mark.anyio
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolbus.adapters.cli", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def admin_rows(team: Team, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+async def save_note(client: Any, title: str, visibility: str) -> int:
+    reply = json_of(
+        await client.call_tool(
+            "save", {"title": title, "text": "shared across machines", "project": "toolbus", "visibility": visibility}
+        )
+    )
+    return int(reply["id"])
+
+
+async def titles(client: Any, query: str) -> list[str]:
+    reply = json_of(await client.call_tool("search", {"query": query, "project": "toolbus"}))
+    return sorted(row["title"] for row in reply["results"])
+
+
+async def test_agents_on_a_team_journal_share_memory_as_visibility_allows(
+    team: Team, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "a.py"
+    path.write_text("old\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["new"])
+    async with toolbus(team.url("alice"), nvim.address) as alice:
+        await save_note(alice, "deploy checklist", "department")
+        await save_note(alice, "alice scratch", "private")
+        assert json_of(await alice.call_tool("saveDocument", {"filePath": str(path)}))["saved"] is True
+    assert path.read_text() == "new\n"
+    async with toolbus(team.url("bob"), nvim.address) as bob:
+        assert await titles(bob, "checklist") == ["deploy checklist"]
+        assert await titles(bob, "scratch") == []
+    async with toolbus(team.url("carol"), nvim.address) as carol:
+        assert await titles(carol, "checklist") == []
+    # What the admin sees: every call in its agent's name, and gapless positions.
+    commands = admin_rows(team, "SELECT tool, agent, department, status FROM commands ORDER BY id")
+    assert commands[:3] == [
+        ("save", team.roles["alice"], "platform", "ok"),
+        ("save", team.roles["alice"], "platform", "ok"),
+        ("saveDocument", team.roles["alice"], "platform", "ok"),
+    ]
+    assert {agent for _, agent, _, _ in commands[3:]} == {team.roles["bob"], team.roles["carol"]}
+    positions = [row[0] for row in admin_rows(team, "SELECT position FROM events ORDER BY position")]
+    assert positions == list(range(1, len(positions) + 1))
+    assert admin_rows(team, "SELECT type FROM events WHERE position = 3") == [("DocumentSaved",)]
+
+
+def test_an_agent_flag_that_differs_from_the_login_is_refused(team: Team) -> None:
+    done = cli("serve", "--journal", team.url("alice"), "--agent", "mallory")
+    assert done.returncode == 2
+    assert "--agent 'mallory' does not match" in done.stderr and team.roles["alice"] in done.stderr
+    assert "s3cret" not in done.stderr
+    assert admin_rows(team, "SELECT count(*) FROM commands") == [(0,)]
+
+
+def test_a_role_that_is_not_a_registered_agent_is_refused(team: Team) -> None:
+    with psycopg.connect(team.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "dave_{team.database}" LOGIN')
+    try:
+        url = team.url("alice").replace(team.roles["alice"], f"dave_{team.database}")
+        done = cli("serve", "--journal", url)
+        assert done.returncode == 2 and "not an agent of the team journal" in done.stderr, done.stderr
+        assert "toolbus journal agent" in done.stderr
+    finally:
+        with psycopg.connect(team.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "dave_{team.database}"')
+
+
+def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
+    assert cli("journal", "init", team.admin_url).returncode == 0  # again: nothing changes
+    with psycopg.connect(team.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "erin_{team.database}" LOGIN')
+    try:
+        done = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--department", "sales")
+        assert done.returncode == 0, done.stderr
+        role_department = admin_rows(team, "SELECT department FROM agents WHERE role = %s", f"erin_{team.database}")
+        assert role_department == [("sales",)]
+        missing = cli("journal", "agent", team.admin_url, "nobody_at_all", "--department", "sales")
+        assert missing.returncode == 2 and "there is no role 'nobody_at_all'" in missing.stderr
+    finally:
+        with psycopg.connect(team.admin_url, autocommit=True) as conn:
+            conn.execute("DROP OWNED BY " + f'"erin_{team.database}"')
+            conn.execute(f'DROP ROLE "erin_{team.database}"')
+
+
+def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default")
+    save, blobs = saved("/src/a.py", b"before\n", b"after\n")
+
+    async def work() -> None:
+        await writer.finish(
+            record("save", caller=me), None, "ok", events=[observation("local note", "kept", caller=me)]
+        )
+        await writer.finish(record("saveDocument", caller=me), None, "ok", events=[save], blobs=blobs)
+        await writer.finish(record("search", caller=me), None, "ok")  # left no events: not copied
+
+    anyio.run(work)
+    writer.close()
+    first = cli("journal", "copy", str(local), team.url("alice"))
+    assert first.returncode == 0, first.stderr
+    assert "copied 2 commands (2 events, 1 observations)" in first.stdout
+    again = cli("journal", "copy", str(local), team.url("alice"))
+    assert "copied 0 commands" in again.stdout and "2 were there already" in again.stdout
+    alice = team.roles["alice"]
+    assert admin_rows(team, "SELECT agent, title FROM observations") == [(alice, "local note")]
+    assert admin_rows(team, "SELECT DISTINCT agent FROM commands") == [(alice,)]
+    history = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json")
+    assert history.returncode == 0, history.stderr
+    assert '"DocumentSaved"' in history.stdout
+    recovered = cli(
+        "recover", str(admin_rows(team, "SELECT max(position) FROM events")[0][0]), "--journal", team.url("alice")
+    )
+    assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
+
+
+@pytest.mark.heavy
+async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: Path) -> None:
+    import pgserver
+
+    # A server of its own, which this test stops and starts.
+    server = pgserver.get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="stop")
+    url = str(server.get_uri())
+    with connect(url) as conn:
+        init_schema(conn)
+        register_agent(conn, "postgres", "ops")
+    try:
+        async with toolbus(url, None) as client:
+            assert not (await client.call_tool("save", {"title": "before", "text": "x"})).is_error
+            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+            with anyio.fail_after(20):
+                result = await client.call_tool("save", {"title": "during", "text": "x"})
+            assert result.is_error and "team journal" in text_of(result)
+            server.ensure_postgres_running()
+            with anyio.fail_after(20):
+                assert not (await client.call_tool("save", {"title": "after", "text": "x"})).is_error
+    finally:
+        server.cleanup()
