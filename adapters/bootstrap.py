@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from toolbus.adapters.config import LOCAL_IDENTITY, Identity, Settings
+from toolbus.adapters.config import Identity, Settings, local_identity
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimAddress, NvimEditor, find_nvim
 from toolbus.bus import TOOL_COMMANDS, Bus, Command, JournalReader, ReplayClose, ReplayWrite, RestoreFile
@@ -64,7 +64,7 @@ def identity(settings: Settings, journal: SqliteJournal | PostgresJournal) -> Id
     `--department`; a team journal knows its login: the role is the agent, the admin's table
     gives the department, and a different `--agent` or `--department` is refused."""
     if isinstance(journal, SqliteJournal):
-        return Identity(settings.agent or LOCAL_IDENTITY.agent, settings.department or LOCAL_IDENTITY.department)
+        return local_identity(settings)
     if journal.department is None:
         raise ValueError(
             f"the role {journal.agent!r} is not an agent of the team journal at {journal.location}: "

@@ -121,7 +121,9 @@ class Identity:
     department: str
 
 
-LOCAL_IDENTITY = Identity("legacy", "default")  # a local journal's caller when none is given
+def local_identity(settings: Settings) -> Identity:
+    """The caller a local journal records: as given, or `legacy` of `default`."""
+    return Identity(settings.agent or "legacy", settings.department or "default")
 
 
 def cli_caller(identity: Identity, client: str) -> Caller:

@@ -8,7 +8,7 @@ import sqlite3
 from importlib import metadata
 
 from toolbus.adapters.bootstrap import open_reader
-from toolbus.adapters.config import LOCAL_IDENTITY, Settings
+from toolbus.adapters.config import Settings, local_identity
 from toolbus.adapters.nvim import blocking_request, find_nvim
 from toolbus.bus import JournalUnavailable
 
@@ -24,8 +24,8 @@ def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
         + ", ".join(f"{name} {_version(name)}" for name in ("mcp", "pynvim", "msgspec", "sqlite-utils", "psycopg"))
     )
     if not isinstance(settings.journal, str):  # a team journal's identity is its login: shown with it
-        agent, department = settings.agent or LOCAL_IDENTITY.agent, settings.department or LOCAL_IDENTITY.department
-        lines.append(f"identity: agent {agent!r}, department {department!r}")
+        caller = local_identity(settings)
+        lines.append(f"identity: agent {caller.agent!r}, department {caller.department!r}")
     healthy = nvim_ok and journal_ok
     lines.append("ok: toolbus is ready" if healthy else "not ready: fix the lines marked ✗ above")
     return "\n".join(lines), healthy

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbus.adapters.config import add_settings_arguments, settings_from
+from toolbus.adapters.config import Identity, add_settings_arguments, local_identity, settings_from
 
 
 def settings(*flags: str, **env: str):  # type: ignore[no-untyped-def]
@@ -19,10 +19,9 @@ def settings(*flags: str, **env: str):  # type: ignore[no-untyped-def]
 def test_defaults_follow_the_xdg_state_directory() -> None:
     current = settings(XDG_STATE_HOME="/state")
     assert current.journal == Path("/state/toolbus/journal.db")
-    assert (current.nvim_timeout, current.agent, current.department, current.journal_sync) == (
+    assert (current.nvim_timeout, local_identity(current), current.journal_sync) == (
         5.0,
-        "legacy",
-        "default",
+        Identity("legacy", "default"),
         "FULL",
     )
 
