@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from tests.bench import editor, history, ide, journal_append, peer, startup
+from tests.bench import editor, history, ide, journal_append, peer, startup, team
 from tests.bench.context import Context, Options
 from tests.bench.report import Report
 
@@ -34,6 +34,7 @@ SECTIONS: dict[str, Callable[[Context], None]] = {
     "append": journal_append.run,
     "startup": startup.run,
     "history": history.run,
+    "team": team.run,
 }
 
 
