@@ -171,3 +171,30 @@ async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: P
                 assert not (await client.call_tool("save", {"title": "after", "text": "x"})).is_error
     finally:
         server.cleanup()
+
+
+def test_kill_9_mid_stream_loses_nothing_acknowledged_on_a_team_journal(team: Team, tmp_path: Path) -> None:
+    from tests.rpc_client import StdioServer, result_json, toolbus_argv
+
+    def save(server: StdioServer, title: str) -> int:
+        reply = result_json(server.call_tool("save", {"title": title, "text": f"text of {title}"}, deadline=20))
+        return int(reply["id"])
+
+    acknowledged: dict[int, str] = {}
+    with StdioServer(toolbus_argv(team.url("alice")), stderr=tmp_path / "first.stderr") as server:  # type: ignore[arg-type]
+        server.initialize()
+        for index in range(30):
+            acknowledged[save(server, f"before {index}")] = f"before {index}"
+        for index in range(5):  # sent, never answered: the kill comes first
+            server.send_request(
+                "tools/call", {"name": "save", "arguments": {"title": f"unanswered {index}", "text": "t"}}
+            )
+        server.kill()
+    titles = dict(admin_rows(team, "SELECT id, title FROM observations"))
+    assert {i: titles.get(i) for i in acknowledged} == acknowledged
+    positions = [row[0] for row in admin_rows(team, "SELECT position FROM events ORDER BY position")]
+    assert positions == list(range(1, len(positions) + 1))
+    with StdioServer(toolbus_argv(team.url("alice")), stderr=tmp_path / "second.stderr") as server:  # type: ignore[arg-type]
+        server.initialize()
+        after = [save(server, f"after {index}") for index in range(5)]
+    assert after == list(range(positions[-1] + 1, positions[-1] + 6))
