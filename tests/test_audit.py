@@ -33,6 +33,7 @@ JSON_FIELDS = {
     "client_name",
     "client_version",
     "session_id",
+    "host",
     "pid",
     "arguments",
     "events",

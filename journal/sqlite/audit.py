@@ -8,6 +8,7 @@ a batch of commands' events by `command_id`.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -27,6 +28,9 @@ _PROBE_CAP = 5000  # commands counted per filter when choosing which index to wa
 
 def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     """Commands matching `query`, newest first, each with its events."""
+    hosts = keeps_hosts(conn)
+    if not hosts:  # every machine unknown: each one's commands are all of them
+        query = dataclasses.replace(query, host=None)
     sql, params = _command_sql(query, _driving_column(conn, query))
     cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
@@ -36,7 +40,18 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
         seen.update(row["id"] for row in fresh)
         events = _events_of(conn, [row["id"] for row in fresh])
         for row in fresh:
-            yield _entry(row, events.get(row["id"], []))
+            yield _entry(row, events.get(row["id"], []), row["host"] if hosts else None)
+
+
+def keeps_hosts(conn: sqlite3.Connection) -> bool:
+    """Whether the journal records machines: one from before schema 6 that no writer has
+    migrated yet (readers never migrate) has no `host` column, and every machine is unknown."""
+    found = conn.execute("SELECT 1 FROM pragma_table_info('commands') WHERE name = 'host'").fetchone()
+    return found is not None
+
+
+# A machine's commands, and those recorded before journals kept the machine (shown on every one).
+_ON_HOST = "(c.host = ? OR c.host IS NULL)"
 
 
 def _equalities(query: AuditQuery) -> dict[str, str]:
@@ -107,6 +122,9 @@ def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, li
     window, bounds = _window(query, "c.received_at")
     where += window
     params: list[Any] = [*filters.values(), *bounds]
+    if query.host is not None:
+        where.append(_ON_HOST)
+        params.append(query.host)
     if query.paths:
         # Walk the file's events (index on stream, position), never the whole command table.
         marks = ", ".join("?" * len(query.paths))
@@ -141,7 +159,7 @@ def _events_of(conn: sqlite3.Connection, command_ids: Sequence[int]) -> dict[int
     return grouped
 
 
-def _entry(row: sqlite3.Row, events: list[StoredEvent]) -> AuditEntry:
+def _entry(row: sqlite3.Row, events: list[StoredEvent], host: str | None) -> AuditEntry:
     arguments = _json_or_text(row["arguments"])
     return AuditEntry(
         id=row["id"],
@@ -157,6 +175,7 @@ def _entry(row: sqlite3.Row, events: list[StoredEvent]) -> AuditEntry:
         client_name=row["client_name"],
         client_version=row["client_version"],
         session_id=row["session_id"],
+        host=host,
         pid=row["pid"],
         arguments=arguments,
         events=events,
@@ -180,16 +199,25 @@ def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:
 # --- a file's history --------------------------------------------------------------------
 
 
-def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> list[HistoryEntry]:
-    """Every event about one file (saves, refused saves, closes, restores), newest first."""
+def history(
+    conn: sqlite3.Connection, path: str, limit: int | None = None, host: str | None = None
+) -> list[HistoryEntry]:
+    """Every event about one file (saves, refused saves, closes, restores), newest first; with
+    `host`, only that machine's and those whose machine is unknown."""
     streams = file_streams(path)
     marks = ", ".join("?" * len(streams))
+    hosts = keeps_hosts(conn)
+    on_host = host is not None and hosts
     sql = (
-        "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session"
+        "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session,"
+        f" {'c.host' if hosts else 'NULL'} AS c_host"
         f" FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id WHERE e.stream IN ({marks})"
-        " ORDER BY e.position DESC" + (" LIMIT ?" if limit else "")
+        + (f" AND {_ON_HOST}" if on_host else "")
+        + " ORDER BY e.position DESC"
+        + (" LIMIT ?" if limit else "")
     )
-    cursor = conn.execute(sql, [*streams, limit] if limit else list(streams))
+    params: list[Any] = [*streams, *([host] if on_host else []), *([limit] if limit else [])]
+    cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
     rows = cursor.fetchall()
     return [
@@ -199,6 +227,7 @@ def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> li
             status=row["c_status"],
             agent=row["c_agent"],
             session_id=row["c_session"],
+            host=row["c_host"],
         )
         for row, event in zip(rows, stored_events(conn, rows), strict=True)
     ]
