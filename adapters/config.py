@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -103,6 +104,18 @@ def version() -> str:
         return "unknown"
 
 
+def this_host() -> str:
+    """The machine toolbus runs on, as the journal names it: one file path on two machines is two
+    histories."""
+    return socket.gethostname()
+
+
 def cli_caller(settings: Settings, client: str) -> Caller:
     """Who a command-line command acts as, for the journal."""
-    return Caller(agent=settings.agent, department=settings.department, client_name=client, client_version=version())
+    return Caller(
+        agent=settings.agent,
+        department=settings.department,
+        client_name=client,
+        client_version=version(),
+        host=this_host(),
+    )

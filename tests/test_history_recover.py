@@ -5,6 +5,7 @@ unsaved text, both recorded by real tool calls, told and given back — and writ
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -48,7 +49,7 @@ def test_history_tells_each_save_newest_first(session: EditorSession) -> None:
     run = cli("history", session.files["a.txt"], "--journal", session.journal)
     assert run.code == 0, run.err
     title, header, newest, oldest, *hint = run.out.splitlines()
-    assert title == f"{os.path.realpath(session.files['a.txt'])}: 2 events, newest first"
+    assert title == f"{os.path.realpath(session.files['a.txt'])}: 2 events on {socket.gethostname()}, newest first"
     assert header.split()[:4] == ["EVENT", "TIME", "(UTC)", "BY"]
     later, first = session.position("DocumentSaved", "a.txt"), 1
     assert newest.startswith(f"@{later} ") and "reviewer" in newest
@@ -69,8 +70,9 @@ def test_history_json_lines(session: EditorSession) -> None:
     run = cli("history", session.files["c.txt"], "--journal", session.journal, "--json")
     assert run.code == 0, run.err
     saved, refused = run.json_lines()
-    assert set(saved) == {"event", "tool", "status", "agent", "session_id"}
+    assert set(saved) == {"event", "tool", "status", "agent", "session_id", "host"}
     assert saved["event"]["type"] == "DocumentSaved" and saved["agent"] == "reviewer"
+    assert saved["host"] == socket.gethostname()
     assert saved["event"]["data"]["disk_changed"] is False
     assert refused["event"]["type"] == "DocumentSaveRefused"
     assert refused["event"]["data"]["reason"] == "not_open"
