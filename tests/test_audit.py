@@ -225,6 +225,9 @@ PLANNED = {
     "tool and rare status": AuditQuery(tool="saveDocument", status="failed"),
     "session and rare status": AuditQuery(session="s", status="rejected"),
     "session and agent": AuditQuery(session="s", agent="writer"),
+    "host": AuditQuery(host="laptop"),
+    "path and host": AuditQuery(paths=("file:/a",), host="laptop"),
+    "tool and host": AuditQuery(tool="saveDocument", host="laptop"),
 }
 
 
