@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, version
+from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, this_host, version
 from toolbus.bus import ToolbusError
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise
     bus = build_bus(settings, journal)
     arrivals = ArrivalOrder(editor_tools(bus))
-    server = build_server(bus, caller.agent, caller.department, version(), arrivals)
+    server = build_server(bus, caller.agent, caller.department, version(), arrivals, host=this_host())
     logging.getLogger("toolbus").info("serving; journal %s", shown(settings.journal))
     try:
         anyio.run(_serve, server, arrivals, bus.services.editor)

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments
+from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments, this_host
 from toolbus.adapters.demo import add_demo
 from toolbus.adapters.report import print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
@@ -47,6 +47,29 @@ def _journal_argument(parser: argparse.ArgumentParser) -> None:
         metavar="PATH|URL",
         help=JOURNAL_HELP,
     )
+
+
+def _host_arguments(parser: argparse.ArgumentParser, what: str, default: str = "this machine's") -> None:
+    """`--host NAME` and `--all-hosts`: which machine's `what` (one path on two machines is two files)."""
+    machines = parser.add_mutually_exclusive_group()
+    machines.add_argument(
+        "--host",
+        metavar="NAME",
+        help=f"only the {what} of machine NAME, and those recorded before machines were (default: {default})",
+    )
+    machines.add_argument("--all-hosts", action="store_true", help=f"the {what} of every machine")
+
+
+def chosen_host(args: argparse.Namespace, default: str | None) -> str | None:
+    """The machine `--host` names, None for `--all-hosts` (every machine), else `default`. Rows
+    recorded before journals kept the machine show on every one."""
+    if args.all_hosts:
+        return None
+    if args.host is None:
+        return default
+    if not args.host.strip():
+        raise ValueError("--host: expected a machine name (--all-hosts for every machine), got ''")
+    return str(args.host)
 
 
 @contextmanager
@@ -152,6 +175,7 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
     sub.add_argument("--until", metavar="TIME", help="received before TIME (same forms as --since)")
     sub.add_argument("--session", help="only this MCP session id")
     sub.add_argument("--agent", dest="agent_filter", metavar="AGENT", help="only calls made as this agent")
+    _host_arguments(sub, "calls", "with --path, this machine's; without, every machine's")
     sub.add_argument("--limit", default="50", help="at most this many commands (default 50; 0 for all)")
     sub.add_argument("--json", action="store_true", help="JSON lines: one command with its events per line")
     sub.set_defaults(run=run_audit)
@@ -167,6 +191,8 @@ def audit_query(args: argparse.Namespace) -> Any:
         until=parse_time("--until", args.until) if args.until is not None else None,
         session=args.session,
         agent=args.agent_filter,
+        # A path names a file on one machine: this one's, unless told.
+        host=chosen_host(args, this_host() if args.path else None),
         limit=parse_limit(args.limit),
     )
 
@@ -175,7 +201,7 @@ def run_audit(args: argparse.Namespace, settings: Settings) -> int:
     query = audit_query(args)
     with _reading(settings) as reader:
         entries = reader.audit(query)
-        shown = _json_lines(entries) if args.json else print_audit_table(entries)
+        shown = _json_lines(entries) if args.json else print_audit_table(entries, hosts=args.all_hosts)
     if not args.json:
         if shown == 0:
             print("no commands match", file=sys.stderr)
@@ -198,16 +224,18 @@ def _add_history(commands: argparse._SubParsersAction[Any]) -> None:
     sub.add_argument("path", metavar="PATH", help="the file")
     sub.add_argument("--limit", default="0", help="at most this many events (default 0: all)")
     sub.add_argument("--json", action="store_true", help="JSON lines: one event with its command per line")
+    _host_arguments(sub, "events")
     sub.set_defaults(run=run_history)
 
 
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
     limit = parse_limit(args.limit)
+    host = chosen_host(args, this_host())
     with _reading(settings) as reader:
         if args.json:
-            _json_lines(reader.history(args.path, limit))
+            _json_lines(reader.history(args.path, limit, host))
         else:
-            print_history(reader, args.path, limit)
+            print_history(reader, args.path, limit, host)
     return 0
 
 
@@ -327,6 +355,7 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
         help="replay files under directory FROM into directory TO instead (repeatable)",
     )
     editor.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
+    _host_arguments(editor, "saves and closes")
     editor.set_defaults(run=run_replay_editor)
 
 
@@ -356,10 +385,11 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     start = parse_position("--from", args.start) if args.start is not None else None
     end = parse_position("--to", args.end) if args.end is not None else None
     path_map = parse_path_map(args.map)
+    host = chosen_host(args, this_host())
     if not args.dry_run and not settings.nvim:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
     with _reading(settings) as reader:
-        steps = list(editor_steps(reader, start, end, path_map))
+        steps = list(editor_steps(reader, start, end, path_map, host))
     if args.dry_run:
         for step in steps:
             print(f"would {step.describe()}")

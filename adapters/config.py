@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -126,6 +127,18 @@ def local_identity(settings: Settings) -> Identity:
     return Identity(settings.agent or "legacy", settings.department or "default")
 
 
+def this_host() -> str:
+    """The machine toolbus runs on, as the journal names it: one file path on two machines is two
+    histories."""
+    return socket.gethostname()
+
+
 def cli_caller(identity: Identity, client: str) -> Caller:
     """Who a command-line command acts as, for the journal."""
-    return Caller(agent=identity.agent, department=identity.department, client_name=client, client_version=version())
+    return Caller(
+        agent=identity.agent,
+        department=identity.department,
+        client_name=client,
+        client_version=version(),
+        host=this_host(),
+    )

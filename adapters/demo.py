@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from toolbus.adapters.config import Settings, settings_from
+from toolbus.adapters.config import Settings, settings_from, this_host
 from toolbus.adapters.report import print_audit_table, print_history
 from toolbus.bus import AuditQuery, JournalReader
 from toolbus.journal import Recoverable
@@ -218,7 +218,7 @@ def _show_journal(stage: Stage) -> None:
         print_audit_table(reader.audit(AuditQuery(limit=None)))
         notes = stage.project / "notes.md"
         say(f"\nThe story of {notes.name} — `toolbus history {notes}`:\n")
-        print_history(reader, str(notes))
+        print_history(reader, str(notes), host=this_host())  # as `toolbus history` shows it
         [closed] = reader.events(["TabClosed"])
         found = recoverable(reader, closed)
     say(f"\nThe text that close discarded — `toolbus recover {closed.position}`:\n")

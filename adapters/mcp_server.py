@@ -69,10 +69,15 @@ def editor_tools(bus: Bus) -> list[str]:
 
 
 def build_server(
-    bus: Bus, agent: str, department: str, version: str, arrivals: ArrivalOrder | None = None
+    bus: Bus,
+    agent: str,
+    department: str,
+    version: str,
+    arrivals: ArrivalOrder | None = None,
+    host: str | None = None,
 ) -> Server[Any]:
     """The MCP server; with `arrivals` (which the stdio edge fills), editor calls take effect
-    in the order they arrived."""
+    in the order they arrived. Every call is journaled as made on `host` (the machine)."""
     arrivals = arrivals or ArrivalOrder(())
     interval = progress_interval()
     tools = [tool_of(cmd) for cmd in bus.commands.values()]
@@ -87,7 +92,7 @@ def build_server(
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        caller = _caller(ctx, agent, department, session_id)
+        caller = _caller(ctx, agent, department, session_id, host)
         # Progress reports start only for a call that goes on to wait for a person: a task group
         # per call would cost every call, on the hot path, for the one tool that waits.
         reporters: list[asyncio.Task[None]] = []
@@ -137,7 +142,9 @@ async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, int
             return  # the client has gone: nobody to tell
 
 
-def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str) -> Caller:
+def _caller(
+    ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str, host: str | None
+) -> Caller:
     client = getattr(ctx.session.client_params, "client_info", None)
     return Caller(
         agent=agent,
@@ -145,6 +152,7 @@ def _caller(ctx: ServerRequestContext[Any], agent: str, department: str, session
         client_name=getattr(client, "name", None),
         client_version=getattr(client, "version", None),
         session_id=session_id,
+        host=host,
     )
 
 

@@ -50,10 +50,12 @@ def shorten(text: str, limit: int, keep_end: bool = False) -> str:
     return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
 
 
-def print_audit_table(entries: Iterable[AuditEntry]) -> int:
+def print_audit_table(entries: Iterable[AuditEntry], hosts: bool = False) -> int:
+    """The commands as a table, with a HOST column when they are of several machines (`hosts`)."""
     rows = [
         [
             clock(entry.received_at),
+            *([machine(entry.host)] if hosts else []),
             entry.tool,
             shorten(entry.target or "", 60, keep_end=True),
             entry.status,
@@ -63,12 +65,14 @@ def print_audit_table(entries: Iterable[AuditEntry]) -> int:
         for entry in entries
     ]
     if rows:
-        print(
-            table(
-                ["TIME (UTC)", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"], rows, frozenset({4})
-            )
-        )
+        headers = ["TIME (UTC)", *(["HOST"] if hosts else []), "TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"]
+        print(table(headers, rows, frozenset({headers.index("DURATION")})))
     return len(rows)
+
+
+def machine(host: str | None) -> str:
+    """A command's machine; `?` for one recorded before journals kept it."""
+    return host if host is not None else "?"
 
 
 def describe_outcome(entry: AuditEntry) -> str:
@@ -170,22 +174,27 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
 }
 
 
-def print_history(reader: JournalReader, path: str, limit: int | None = None) -> None:
-    entries = reader.history(path, limit)
+def print_history(reader: JournalReader, path: str, limit: int | None = None, host: str | None = None) -> None:
+    """One file's events, newest first: those of machine `host`, or of every machine (None) with
+    a HOST column."""
+    entries = reader.history(path, limit, host)
     shown = typed_path(path)
+    where = f" on {host}" if host is not None else ""
     if not entries:
-        print(f"{shown}: no saves or closes in the journal", file=sys.stderr)
+        hint = " (--all-hosts for every machine's)" if host is not None else ""
+        print(f"{shown}: no saves or closes{where} in the journal{hint}", file=sys.stderr)
         return
-    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}, newest first")
-    rows = [_history_row(entry) for entry in entries]
-    print(table(["EVENT", "TIME (UTC)", "BY", "WHAT HAPPENED", "RECOVERABLE"], rows))
+    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}{where}, newest first")
+    rows = [_history_row(entry, hosts=host is None) for entry in entries]
+    headers = ["EVENT", "TIME (UTC)", *(["HOST"] if host is None else []), "BY", "WHAT HAPPENED", "RECOVERABLE"]
+    print(table(headers, rows))
     if any(_recoverable_words(entry.event) != "-" for entry in entries):
         print(
             "\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file."
         )
 
 
-def _history_row(entry: HistoryEntry) -> list[str]:
+def _history_row(entry: HistoryEntry, hosts: bool) -> list[str]:
     event = entry.event
     who = entry.agent or "-"
     if entry.tool and entry.tool not in ("saveDocument", "close_tab", "openDiff"):
@@ -193,6 +202,7 @@ def _history_row(entry: HistoryEntry) -> list[str]:
     return [
         f"@{event.position}",
         clock(event.recorded_at),
+        *([machine(entry.host)] if hosts else []),
         who,
         describe_event(event).split(" ", 1)[1],
         _recoverable_words(event),

@@ -29,13 +29,15 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
 
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
-    """Who is calling: the configured identity and the MCP client behind it."""
+    """Who is calling: the configured identity, the MCP client behind it, and the machine."""
 
     agent: str = "legacy"
     department: str = "default"
     client_name: str | None = None
     client_version: str | None = None
     session_id: str | None = None
+    # The machine the call ran on (its hostname): one file path on two machines is two files.
+    host: str | None = None
 
 
 class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +124,7 @@ class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
     client_name: str | None
     client_version: str | None
     session_id: str | None
+    host: str | None  # None: recorded before journals kept the machine
     pid: int | None
     arguments: Any
     events: list[StoredEvent]
@@ -135,6 +138,7 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
     status: str | None
     agent: str | None
     session_id: str | None
+    host: str | None  # None: recorded before journals kept the machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,8 @@ class AuditQuery:
     until: str | None = None
     session: str | None = None
     agent: str | None = None
+    # Only this machine's commands, and those recorded before journals kept the machine.
+    host: str | None = None
     limit: int | None = 50
 
 
@@ -173,8 +179,9 @@ class JournalReader(Protocol):
         """Commands matching `query`, newest first, each with its events."""
         ...
 
-    def history(self, path: str, limit: int | None = None) -> list[HistoryEntry]:
-        """Every event about one file (under any of its `file_streams`), newest first."""
+    def history(self, path: str, limit: int | None = None, host: str | None = None) -> list[HistoryEntry]:
+        """Every event about one file (under any of its `file_streams`), newest first; with
+        `host`, only that machine's, and those recorded before journals kept the machine."""
         ...
 
     def event_at(self, position: int) -> StoredEvent:

@@ -13,8 +13,9 @@ from toolbus.bus import AuditEntry, StoredEvent, decode_event
 Row = Mapping[str, Any]
 
 
-def audit_entry(row: Row, events: list[StoredEvent]) -> AuditEntry:
-    """A `commands` row and its events as one entry of the audit."""
+def audit_entry(row: Row, events: list[StoredEvent], host: str | None) -> AuditEntry:
+    """A `commands` row and its events as one entry of the audit (`host`: the row's, where the
+    journal keeps one)."""
     arguments = json_or_text(row["arguments"])
     return AuditEntry(
         id=row["id"],
@@ -30,6 +31,7 @@ def audit_entry(row: Row, events: list[StoredEvent]) -> AuditEntry:
         client_name=row["client_name"],
         client_version=row["client_version"],
         session_id=row["session_id"],
+        host=host,
         pid=row["pid"],
         arguments=arguments,
         events=events,

@@ -62,11 +62,20 @@ def map_path(path: str, mapping: PathMap) -> str:
 
 
 def editor_steps(
-    reader: JournalReader, start: int | None = None, end: int | None = None, mapping: PathMap | None = None
+    reader: JournalReader,
+    start: int | None = None,
+    end: int | None = None,
+    mapping: PathMap | None = None,
+    host: str | None = None,
 ) -> Iterator[EditorStep]:
-    """Saves, restores and closes between positions `start` and `end` (inclusive), in order."""
+    """Saves, restores and closes between positions `start` and `end` (inclusive), in order; with
+    `host`, only that machine's (and those recorded before machines were)."""
     for event in reader.events(_EDITOR_TYPES, start or 0, end):
         recorded = str(event.data["path"])
+        # The file's events on that machine, newest first: the same path elsewhere is another file.
+        story = [entry.event for entry in reader.history(recorded, host=host)]
+        if host is not None and all(other.position != event.position for other in story):
+            continue
         path = map_path(recorded, mapping or [])
         if event.type == "TabClosed":
             yield EditorStep(
@@ -85,18 +94,16 @@ def editor_steps(
             source=event.type,
             blob=written,
             content=content,
-            known=_known_texts(reader, event),
+            known=_known_texts(reader, event, story),
         )
 
 
-def _known_texts(reader: JournalReader, event: StoredEvent) -> tuple[str, ...]:
+def _known_texts(reader: JournalReader, event: StoredEvent, story: list[StoredEvent]) -> tuple[str, ...]:
     """What the save replaced, and what the last write before it and the last write of all
-    wrote to its file: the texts a file may hold without losing anything when overwritten."""
-    writes = [
-        entry.event
-        for entry in reader.history(str(event.data["path"]))
-        if entry.event.type in _WRITE_TYPES and entry.event.stream == file_stream(str(event.data["path"]))
-    ]  # newest first
+    wrote to its file (of its `story`): the texts a file may hold without losing anything when
+    overwritten."""
+    stream = file_stream(str(event.data["path"]))
+    writes = [other for other in story if other.type in _WRITE_TYPES and other.stream == stream]  # newest first
     before = next((e for e in writes if e.position < event.position), None)
     candidates = (
         event.data.get("replaced_blob"),

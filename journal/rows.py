@@ -58,7 +58,7 @@ def command_row(
     finished_at: str | None,
 ) -> tuple[object, ...]:
     """A `commands` row but its id: tool, arguments, agent, department, client name and version,
-    session id, pid, received_at, finished_at, duration_ms, status, error."""
+    session id, host, pid, received_at, finished_at, duration_ms, status, error."""
     return (
         valid_text(record.tool),
         _arguments_json(record.arguments, status),
@@ -81,6 +81,7 @@ def _caller_columns(caller: Caller) -> tuple[str | None, ...]:
         valid_text(caller.client_name),
         valid_text(caller.client_version),
         valid_text(caller.session_id),
+        valid_text(caller.host),
     )
 
 

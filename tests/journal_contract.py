@@ -3,8 +3,8 @@ a backend's test module subclasses `JournalContract` once and says how to open i
 
 Covered: append and gapless positions (also with writers in several processes), idempotent
 blobs, the memory projection and its search semantics, visibility, audit filters, a file's
-history, and recoverable texts — all through the ports (`JournalWriter`, `JournalReader`,
-`MemoryStore`), never through a backend's connection.
+history (one machine's or every machine's), and recoverable texts — all through the ports
+(`JournalWriter`, `JournalReader`, `MemoryStore`), never through a backend's connection.
 """
 
 from __future__ import annotations
@@ -282,6 +282,40 @@ class JournalContract:
             ("DocumentSaved", "claude"),
         ]
         assert history[0].event.blobs == {blob_hash(b"two\n"): 4, blob_hash(b"one\n"): 4}
+
+    def test_history_keeps_machines_apart(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
+        """One path on two machines is two files; a command whose machine is unknown (recorded
+        before machines were) belongs to every machine's story."""
+        laptop, server = Caller(agent="claude", host="laptop"), Caller(agent="claude", host="server")
+        unknown, blobs_unknown = saved("/src/a.py", None, b"unknown\n")
+        on_laptop, blobs_laptop = saved("/src/a.py", b"unknown\n", b"laptop\n")
+        on_server, blobs_server = saved("/src/a.py", b"unknown\n", b"server\n")
+
+        async def work() -> list[int]:
+            positions = await writer.finish(record("saveDocument"), None, "ok", events=[unknown], blobs=blobs_unknown)
+            for caller, event, blobs in ((laptop, on_laptop, blobs_laptop), (server, on_server, blobs_server)):
+                call = record("saveDocument", caller=caller)
+                positions += await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+            return positions
+
+        at_unknown, at_laptop, at_server = anyio.run(work)
+        reader = read()
+
+        def story(host: str | None) -> list[tuple[int, str | None]]:
+            return [(h.event.position, h.host) for h in reader.history("/src/a.py", host=host)]
+
+        assert story("laptop") == [(at_laptop, "laptop"), (at_unknown, None)]
+        assert story("server") == [(at_server, "server"), (at_unknown, None)]
+        assert story("elsewhere") == [(at_unknown, None)]
+        assert story(None) == [(at_server, "server"), (at_laptop, "laptop"), (at_unknown, None)]
+        assert [h.event.position for h in reader.history("/src/a.py", limit=1, host="laptop")] == [at_laptop]
+
+        def audited(host: str | None) -> list[str | None]:
+            return [e.host for e in reader.audit(AuditQuery(paths=file_streams("/src/a.py"), host=host))]
+
+        assert audited("server") == ["server", None]
+        assert audited(None) == ["server", "laptop", None]
+        assert [e.host for e in reader.audit(AuditQuery(host="laptop"))] == ["laptop", None]
 
     def test_recoverable_texts(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         save, blobs = saved("/src/a.py", b"before\n", b"after\n")

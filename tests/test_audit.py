@@ -33,6 +33,7 @@ JSON_FIELDS = {
     "client_name",
     "client_version",
     "session_id",
+    "host",
     "pid",
     "arguments",
     "events",
@@ -224,6 +225,9 @@ PLANNED = {
     "tool and rare status": AuditQuery(tool="saveDocument", status="failed"),
     "session and rare status": AuditQuery(session="s", status="rejected"),
     "session and agent": AuditQuery(session="s", agent="writer"),
+    "host": AuditQuery(host="laptop"),
+    "path and host": AuditQuery(paths=("file:/a",), host="laptop"),
+    "tool and host": AuditQuery(tool="saveDocument", host="laptop"),
 }
 
 

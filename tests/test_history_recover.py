@@ -5,7 +5,9 @@ unsaved text, both recorded by real tool calls, told and given back — and writ
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.conftest import JournalReader, json_of, text_of, toolbus
+from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
+from tests.journal_contract import saved
 from tests.journal_helpers import EditorSession, cli, record_editor_session
 from toolbus.adapters.bootstrap import Services
 from toolbus.adapters.files import LocalFiles
@@ -48,7 +51,7 @@ def test_history_tells_each_save_newest_first(session: EditorSession) -> None:
     run = cli("history", session.files["a.txt"], "--journal", session.journal)
     assert run.code == 0, run.err
     title, header, newest, oldest, *hint = run.out.splitlines()
-    assert title == f"{os.path.realpath(session.files['a.txt'])}: 2 events, newest first"
+    assert title == f"{os.path.realpath(session.files['a.txt'])}: 2 events on {socket.gethostname()}, newest first"
     assert header.split()[:4] == ["EVENT", "TIME", "(UTC)", "BY"]
     later, first = session.position("DocumentSaved", "a.txt"), 1
     assert newest.startswith(f"@{later} ") and "reviewer" in newest
@@ -69,8 +72,9 @@ def test_history_json_lines(session: EditorSession) -> None:
     run = cli("history", session.files["c.txt"], "--journal", session.journal, "--json")
     assert run.code == 0, run.err
     saved, refused = run.json_lines()
-    assert set(saved) == {"event", "tool", "status", "agent", "session_id"}
+    assert set(saved) == {"event", "tool", "status", "agent", "session_id", "host"}
     assert saved["event"]["type"] == "DocumentSaved" and saved["agent"] == "reviewer"
+    assert saved["host"] == socket.gethostname()
     assert saved["event"]["data"]["disk_changed"] is False
     assert refused["event"]["type"] == "DocumentSaveRefused"
     assert refused["event"]["data"]["reason"] == "not_open"
@@ -80,6 +84,77 @@ def test_history_of_a_file_never_touched(session: EditorSession) -> None:
     run = cli("history", session.root / "nothing.txt", "--journal", session.journal)
     assert (run.code, run.out) == (0, "")
     assert "no saves or closes" in run.err
+
+
+# --- one path on two machines: two files ---------------------------------------------------
+
+
+async def save_elsewhere(journal: Path, path: str, text: bytes) -> None:
+    """A save of `path` on another machine, as a team's shared journal holds it."""
+    writer = SqliteJournal(journal, create=False)
+    event, blobs = saved(path, None, text)
+    caller = Caller(agent="colleague", host="other-machine")
+    call = CommandRecord(tool="saveDocument", arguments={"filePath": path}, caller=caller, received_ns=time.time_ns())
+    try:
+        await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+    finally:
+        writer.close()
+
+
+def test_serve_records_this_machine_and_history_keeps_to_it(
+    tmp_path: Path, nvim: NeovimProcess, journal_path: Path
+) -> None:
+    here, journal = socket.gethostname(), journal_path
+    (tmp_path / "notes.txt").write_text("one\n")
+    path = os.path.realpath(tmp_path / "notes.txt")
+
+    async def save_here() -> None:
+        with anyio.fail_after(60):
+            async with toolbus(journal, nvim.address) as client:
+                nvim.edit(path)
+                nvim.set_lines(path, ["two"])
+                assert json_of(await client.call_tool("saveDocument", {"filePath": path}))["saved"]
+
+    anyio.run(save_here)
+    assert [row["host"] for row in JournalReader(journal).commands()] == [here]
+    anyio.run(save_elsewhere, journal, path, b"theirs\n")
+    mine, theirs = (row["position"] for row in JournalReader(journal).events("DocumentSaved"))
+
+    def history(*args: str) -> list[int]:
+        run = cli("history", path, "--json", "--journal", journal, *args)
+        assert run.code == 0, run.err
+        return [line["event"]["position"] for line in run.json_lines()]
+
+    assert history() == [mine]
+    assert history("--host", "other-machine") == [theirs]
+    assert history("--all-hosts") == [theirs, mine]
+    title, header, row = cli("history", path, "--journal", journal).out.splitlines()[:3]
+    assert title == f"{path}: 1 event on {here}, newest first" and row.startswith(f"@{mine} ")
+    assert "HOST" not in header
+    _, header, *rows = cli("history", path, "--all-hosts", "--journal", journal).out.splitlines()
+    assert header.split()[:4] == ["EVENT", "TIME", "(UTC)", "HOST"]
+    assert rows[0].split()[3] == "other-machine" and rows[1].split()[3] == here
+
+    def audited(*args: str) -> list[str]:
+        run = cli("audit", "--json", "--path", path, "--journal", journal, *args)
+        assert run.code == 0, run.err
+        return [line["host"] for line in run.json_lines()]
+
+    assert audited() == [here]
+    assert audited("--host", "other-machine") == ["other-machine"]
+    assert audited("--all-hosts") == ["other-machine", here]
+    table = cli("audit", "--path", path, "--all-hosts", "--journal", journal).out.splitlines()
+    assert table[0].split()[:3] == ["TIME", "(UTC)", "HOST"] and "other-machine" in table[1]
+
+    def replayed(*args: str) -> list[str]:
+        run = cli("replay", "editor", "--dry-run", "--journal", journal, *args)
+        assert run.code == 0, run.err
+        return run.out.splitlines()[:-1]
+
+    assert replayed() == [f"would @{mine} save {path}: write 4 bytes"]
+    assert replayed("--host", "other-machine") == [f"would @{theirs} save {path}: write 7 bytes"]
+    assert len(replayed("--all-hosts")) == 2
+    assert cli("history", path, "--host", "x", "--all-hosts", "--journal", journal).code == 2
 
 
 # --- recover: printing -------------------------------------------------------------------
@@ -187,6 +262,7 @@ def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_sess
     assert run.code == 2 and run.err.startswith(f"toolbus recover: cannot write {os.path.realpath(a)}")
     [command] = s.reader.commands("recover")
     assert command["status"] == "failed" and "cannot write" in command["error"]
+    assert command["host"] == socket.gethostname()  # the machine whose file it was
     assert s.reader.events("FileRestored") == []
     assert a.is_dir() and list(a.iterdir()) == []
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import anyio
 import pytest
 
-from tests.journal_contract import JournalContract
-from toolbus.bus import JournalReader, JournalUnavailable, JournalWriter
+from tests.journal_contract import JournalContract, record, saved
+from toolbus.bus import AuditQuery, Caller, JournalReader, JournalUnavailable, JournalWriter, file_streams
 from toolbus.handlers import MemoryStore
 from toolbus.journal.sqlite import SqliteJournal, SqliteMemoryStore, SqliteReader
 
@@ -62,3 +63,46 @@ def test_a_journal_held_by_another_writer_is_explained_as_locked(tmp_path: Path)
         other.execute("ROLLBACK")
         other.close()
         journal.close()
+
+
+# --- one path on two machines -----------------------------------------------------------------
+
+
+# Who saved /src/a.py, and what: a toolbus from before machines were, then two machines.
+HOSTS = ((None, b"before machines were\n"), ("laptop", b"on the laptop\n"), ("server", b"on the server\n"))
+
+
+def test_the_sqlite_reader_keeps_one_path_of_two_machines_as_two_histories(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = SqliteJournal(path)
+
+    async def save(host: str | None, text: bytes) -> int:
+        event, blobs = saved("/src/a.py", None, text)
+        call = record("saveDocument", {"filePath": "/src/a.py"}, Caller(agent="claude", host=host))
+        [position] = await journal.finish(call, None, "ok", events=[event], blobs=blobs)
+        return position
+
+    try:
+        unknown, laptop, server = (anyio.run(save, host, text) for host, text in HOSTS)
+    finally:
+        journal.close()
+    reader = SqliteReader(path)
+    try:
+        assert [h.event.position for h in reader.history("/src/a.py", host="laptop")] == [laptop, unknown]
+        assert [h.event.position for h in reader.history("/src/a.py", host="server")] == [server, unknown]
+        assert [h.host for h in reader.history("/src/a.py")] == ["server", "laptop", None]
+        assert [e.host for e in reader.audit(AuditQuery(paths=file_streams("/src/a.py"), host="laptop"))] == [
+            "laptop",
+            None,
+        ]
+    finally:
+        reader.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT host FROM commands ORDER BY id").fetchall() == [(None,), ("laptop",), ("server",)]
+        for view in ("audit_log", "file_history"):
+            hosts = conn.execute(f"SELECT host FROM {view} ORDER BY position").fetchall()
+            assert hosts == [(None,), ("laptop",), ("server",)], view
+    finally:
+        conn.close()
+

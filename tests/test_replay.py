@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,6 +260,7 @@ def test_replay_editor_writes_exact_bytes_and_replays_closes(tmp_path: Path, sec
         ("replay_write", "ok"),
         ("replay_write", "ok"),
     ]
+    assert {c["host"] for c in replays} == {socket.gethostname()}  # replayed on this machine
     assert [(e["type"], e["data"]["action"], e["data"]["from_position"]) for c in replays for e in c["events"]] == [
         ("FileReplayed", "close", 3),
         ("FileReplayed", "write", 2),

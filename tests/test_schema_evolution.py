@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 import msgspec
 import pytest
 
+from tests.journal_contract import saved
 from tests.journal_helpers import cli
 from toolbus.adapters.cli import main
+from toolbus.bus import Caller, CommandRecord
 from toolbus.bus import events as bus_events
 from toolbus.bus.events import EVENT_TYPES, DocumentSaved, Event, TabClosed, decode_event, upcaster
 from toolbus.journal import SCHEMA_VERSION, SqliteJournal
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("journal-schema*.db"))
+NOTES = "/tmp/toolbus-fixture/work/b.md"  # closed with unsaved text, then restored, in every fixture
 RECORDED_TYPES = {
     "DocumentSaved",
     "DocumentSaveRefused",
@@ -51,8 +57,9 @@ def stored_events(journal: Path) -> list[tuple[Any, ...]]:
 
 
 def audit_json(journal: Path, capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
-    """`toolbus audit --json` in this process, so it sees the test's event types."""
-    assert main(["audit", "--json", "--journal", str(journal), *args]) == 0
+    """`toolbus audit --json` in this process, so it sees the test's event types; of every machine,
+    for a fixture recorded on another one."""
+    assert main(["audit", "--json", "--all-hosts", "--journal", str(journal), *args]) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
@@ -202,8 +209,58 @@ def test_an_old_journal_opens_migrates_and_works(old_journal: Path) -> None:
     check = cli("replay", "memory", "--check", "--journal", old_journal)
     assert check.code == 0, check.out
     assert cli("recover", "3", "--journal", old_journal).raw == b"# Notes\nunsaved line\n"
-    history = cli("history", "/tmp/toolbus-fixture/work/b.md", "--journal", old_journal)
+    history = cli("history", NOTES, "--all-hosts", "--journal", old_journal)
     assert "restored 21 B from @3" in history.out and "closed, discarded 21 B unsaved" in history.out
+
+
+def command_hosts(journal: Path) -> list[str | None]:
+    conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in conn.execute("SELECT host FROM commands ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def history_positions(journal: Path, *args: str) -> list[int]:
+    run = cli("history", NOTES, "--json", "--journal", journal, *args)
+    assert run.code == 0, run.err
+    return [line["event"]["position"] for line in run.json_lines()]
+
+
+def test_a_schema_5_journal_keeps_its_commands_of_unknown_machine_on_every_machine(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "journal-schema5.db", journal)
+    unmigrated = history_positions(journal)  # read as it is: no host column yet
+    assert unmigrated == [10, 3] and history_positions(journal, "--host", "anywhere") == unmigrated
+    assert {line["host"] for line in cli("audit", "--json", "--journal", journal).json_lines()} == {None}
+
+    async def save_elsewhere() -> list[int]:
+        """The same path saved on another machine, by a toolbus that knows machines."""
+        writer = SqliteJournal(journal, create=False)  # migrates to schema 6
+        event, blobs = saved(NOTES, None, b"elsewhere\n")
+        call = CommandRecord(
+            tool="saveDocument", arguments={}, caller=Caller(host="other-machine"), received_ns=time.time_ns()
+        )
+        try:
+            return await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+        finally:
+            writer.close()
+
+    [elsewhere] = anyio.run(save_elsewhere)
+    assert command_hosts(journal) == [None] * 11 + ["other-machine"]
+    assert history_positions(journal) == unmigrated  # unknown machine: shown on this one too
+    assert history_positions(journal, "--host", "other-machine") == [elsewhere, *unmigrated]
+    text = cli("history", NOTES, "--all-hosts", "--journal", journal).out
+    assert text.splitlines()[1].split()[:4] == ["EVENT", "TIME", "(UTC)", "HOST"] and " ? " in text
+
+
+def test_the_current_fixture_records_the_machine_of_each_command() -> None:
+    journal = Path(__file__).parent / "fixtures" / f"journal-schema{SCHEMA_VERSION}.db"
+    [recorded_on] = set(command_hosts(journal))
+    assert recorded_on, "every command names its machine"
+    assert history_positions(journal, "--host", recorded_on) == [10, 3]
+    if recorded_on != socket.gethostname():
+        assert history_positions(journal) == []  # another machine's b.md is not this one's
 
 
 def schema_of(journal: Path) -> list[tuple[str, str, str | None]]:

@@ -45,15 +45,16 @@ class PostgresReader:
             seen.update(row["id"] for row in fresh)
             events = self._events_of([row["id"] for row in fresh])
             for row in fresh:
-                yield audit_entry(row, events.get(row["id"], []))
+                yield audit_entry(row, events.get(row["id"], []), row["host"])
 
-    def history(self, path: str, limit: int | None = None) -> list[HistoryEntry]:
+    def history(self, path: str, limit: int | None = None, host: str | None = None) -> list[HistoryEntry]:
         sql = (
-            "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session"
-            " FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id WHERE e.stream = ANY(%s)"
+            "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session,"
+            " c.host AS c_host FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id"
+            " WHERE e.stream = ANY(%s) AND (%s::text IS NULL OR c.host = %s OR c.host IS NULL)"
             " ORDER BY e.position DESC LIMIT %s"
         )
-        rows = self._rows(sql, (list(file_streams(path)), limit))
+        rows = self._rows(sql, (list(file_streams(path)), host, host, limit))
         return [
             HistoryEntry(
                 event=event,
@@ -142,6 +143,9 @@ def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
     if query.until is not None:
         where.append("c.received_at < %s")
         params.append(query.until)
+    if query.host is not None:  # that machine's, and those of no known machine
+        where.append("(c.host = %s OR c.host IS NULL)")
+        params.append(query.host)
     if query.paths:
         sql = "SELECT c.* FROM events AS e JOIN commands AS c ON c.id = e.command_id WHERE e.stream = ANY(%s)"
         sql += "".join(f" AND {term}" for term in where) + " ORDER BY e.position DESC"

@@ -243,8 +243,8 @@ def insert_outcome(
 
 _INSERT_COMMAND = (
     "INSERT INTO commands (request_key, tool, arguments, agent, department, client_name, client_version,"
-    " session_id, pid, received_at, finished_at, duration_ms, status, error)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " session_id, host, pid, received_at, finished_at, duration_ms, status, error)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (request_key) DO NOTHING RETURNING id"
 )
 

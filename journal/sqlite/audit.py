@@ -8,14 +8,14 @@ a batch of commands' events by `command_id`.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-import msgspec
-
-from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, decode_event, file_streams
+from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, file_streams
+from toolbus.journal.decoding import audit_entry, decode_stored_events
 from toolbus.journal.sqlite.schema import NOT_OK
 
 _BATCH = 200
@@ -27,6 +27,9 @@ _PROBE_CAP = 5000  # commands counted per filter when choosing which index to wa
 
 def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     """Commands matching `query`, newest first, each with its events."""
+    hosts = keeps_hosts(conn)
+    if not hosts:  # every machine unknown: each one's commands are all of them
+        query = dataclasses.replace(query, host=None)
     sql, params = _command_sql(query, _driving_column(conn, query))
     cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
@@ -36,7 +39,18 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
         seen.update(row["id"] for row in fresh)
         events = _events_of(conn, [row["id"] for row in fresh])
         for row in fresh:
-            yield _entry(row, events.get(row["id"], []))
+            yield audit_entry(row, events.get(row["id"], []), row["host"] if hosts else None)
+
+
+def keeps_hosts(conn: sqlite3.Connection) -> bool:
+    """Whether the journal records machines: one from before schema 6 that no writer has
+    migrated yet (readers never migrate) has no `host` column, and every machine is unknown."""
+    found = conn.execute("SELECT 1 FROM pragma_table_info('commands') WHERE name = 'host'").fetchone()
+    return found is not None
+
+
+# A machine's commands, and those recorded before journals kept the machine (shown on every one).
+_ON_HOST = "(c.host = ? OR c.host IS NULL)"
 
 
 def _equalities(query: AuditQuery) -> dict[str, str]:
@@ -107,6 +121,9 @@ def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, li
     window, bounds = _window(query, "c.received_at")
     where += window
     params: list[Any] = [*filters.values(), *bounds]
+    if query.host is not None:
+        where.append(_ON_HOST)
+        params.append(query.host)
     if query.paths:
         # Walk the file's events (index on stream, position), never the whole command table.
         marks = ", ".join("?" * len(query.paths))
@@ -141,55 +158,28 @@ def _events_of(conn: sqlite3.Connection, command_ids: Sequence[int]) -> dict[int
     return grouped
 
 
-def _entry(row: sqlite3.Row, events: list[StoredEvent]) -> AuditEntry:
-    arguments = _json_or_text(row["arguments"])
-    return AuditEntry(
-        id=row["id"],
-        received_at=row["received_at"],
-        finished_at=row["finished_at"],
-        duration_ms=row["duration_ms"],
-        tool=row["tool"],
-        target=target_of(arguments, events),
-        status=row["status"],
-        error=row["error"],
-        agent=row["agent"],
-        department=row["department"],
-        client_name=row["client_name"],
-        client_version=row["client_version"],
-        session_id=row["session_id"],
-        pid=row["pid"],
-        arguments=arguments,
-        events=events,
-    )
-
-
-def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:
-    """What a command was about, for a person: the file, tab, title or query."""
-    for event in events:
-        if path := event.data.get("path"):
-            return str(path)
-    if not isinstance(arguments, dict):
-        return None
-    for key in ("filePath", "tab_name", "path", "uri", "title", "query", "anchor", "ids", "event"):
-        if arguments.get(key) not in (None, ""):
-            value = arguments[key]
-            return value if isinstance(value, str) else msgspec.json.encode(value).decode()
-    return None
-
-
 # --- a file's history --------------------------------------------------------------------
 
 
-def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> list[HistoryEntry]:
-    """Every event about one file (saves, refused saves, closes, restores), newest first."""
+def history(
+    conn: sqlite3.Connection, path: str, limit: int | None = None, host: str | None = None
+) -> list[HistoryEntry]:
+    """Every event about one file (saves, refused saves, closes, restores), newest first; with
+    `host`, only that machine's and those whose machine is unknown."""
     streams = file_streams(path)
     marks = ", ".join("?" * len(streams))
+    hosts = keeps_hosts(conn)
+    on_host = host is not None and hosts
     sql = (
-        "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session"
+        "SELECT e.*, c.tool AS c_tool, c.status AS c_status, c.agent AS c_agent, c.session_id AS c_session,"
+        f" {'c.host' if hosts else 'NULL'} AS c_host"
         f" FROM events AS e LEFT JOIN commands AS c ON c.id = e.command_id WHERE e.stream IN ({marks})"
-        " ORDER BY e.position DESC" + (" LIMIT ?" if limit else "")
+        + (f" AND {_ON_HOST}" if on_host else "")
+        + " ORDER BY e.position DESC"
+        + (" LIMIT ?" if limit else "")
     )
-    cursor = conn.execute(sql, [*streams, limit] if limit else list(streams))
+    params: list[Any] = [*streams, *([host] if on_host else []), *([limit] if limit else [])]
+    cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
     rows = cursor.fetchall()
     return [
@@ -199,6 +189,7 @@ def history(conn: sqlite3.Connection, path: str, limit: int | None = None) -> li
             status=row["c_status"],
             agent=row["c_agent"],
             session_id=row["c_session"],
+            host=row["c_host"],
         )
         for row, event in zip(rows, stored_events(conn, rows), strict=True)
     ]
@@ -249,34 +240,8 @@ def blob_if_any(conn: sqlite3.Connection, digest: str) -> bytes | None:
 
 
 def stored_events(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[StoredEvent]:
-    """Rows of `events` as StoredEvents, with the sizes of the blobs they name (one query)."""
-    datas = [_event_data(row["type"], row["version"], row["data"]) for row in rows]
-    sizes = _blob_sizes(conn, {v for data in datas for k, v in data.items() if k.endswith("_blob") and v})
-    return [
-        StoredEvent(
-            position=row["position"],
-            event_id=row["event_id"],
-            command_id=row["command_id"],
-            type=row["type"],
-            version=row["version"],
-            stream=row["stream"],
-            recorded_at=row["recorded_at"],
-            data=data,
-            blobs={v: sizes[v] for k, v in data.items() if k.endswith("_blob") and v in sizes},
-        )
-        for row, data in zip(rows, datas, strict=True)
-    ]
-
-
-def _event_data(type_name: str, version: int, data: str) -> dict[str, Any]:
-    """The data upcast to the current schema; the stored JSON as it is for a type this
-    toolbus does not know."""
-    try:
-        decoded: dict[str, Any] = msgspec.to_builtins(decode_event(type_name, version, data))
-    except (ValueError, KeyError, msgspec.ValidationError):
-        raw = _json_or_text(data)
-        return raw if isinstance(raw, dict) else {"raw": raw}
-    return decoded
+    """Rows of `events` as StoredEvents, with the sizes of the blobs they name."""
+    return decode_stored_events(rows, lambda digests: _blob_sizes(conn, digests))
 
 
 def _blob_sizes(conn: sqlite3.Connection, digests: set[str]) -> dict[str, int]:
@@ -287,12 +252,3 @@ def _blob_sizes(conn: sqlite3.Connection, digests: set[str]) -> dict[str, int]:
         for digest, size in conn.execute(f"SELECT hash, size FROM blobs WHERE hash IN ({marks})", chunk):
             sizes[digest] = size
     return sizes
-
-
-def _json_or_text(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return text

@@ -21,8 +21,8 @@ class SqliteReader:
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
         return queries.audit(self._conn, query)
 
-    def history(self, path: str, limit: int | None = None) -> list[HistoryEntry]:
-        return queries.history(self._conn, path, limit)
+    def history(self, path: str, limit: int | None = None, host: str | None = None) -> list[HistoryEntry]:
+        return queries.history(self._conn, path, limit, host)
 
     def event_at(self, position: int) -> StoredEvent:
         return queries.event_at(self._conn, position)

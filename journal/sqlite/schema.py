@@ -88,14 +88,14 @@ AUDIT_VIEWS = {
     # One row per command and event (a command without events: one row, event columns NULL).
     "audit_log": """
 SELECT c.id AS command_id, c.received_at, c.tool, c.status, c.duration_ms, c.error,
-       c.agent, c.department, c.session_id, c.client_name, c.arguments,
+       c.agent, c.department, c.session_id, c.host, c.client_name, c.arguments,
        e.position, e.event_id, e.type AS event_type, e.stream, e.data AS event_data
 FROM commands AS c LEFT JOIN events AS e ON e.command_id = c.id""",
     # Saves, refused saves, closes, restores, replays and diffs, per file; `stream = 'file:' || path`
     # is indexed.
     "file_history": f"""
 SELECT e.position, e.recorded_at, substr(e.stream, 6) AS path, e.stream, e.type AS event_type,
-       c.tool, c.agent, c.session_id, e.command_id,
+       c.tool, c.agent, c.session_id, c.host, e.command_id,
        json_extract(e.data, '$.bytes_written') AS bytes_written,
        json_extract(e.data, '$.disk_changed') AS disk_changed,
        json_extract(e.data, '$.was_modified') AS was_modified,
@@ -151,12 +151,22 @@ def _diff_history(db: sqlite_utils.Database) -> None:
     db.create_view("file_history", AUDIT_VIEWS["file_history"].strip())
 
 
+def _host(db: sqlite_utils.Database) -> None:
+    """Commands record the machine they ran on, and both views show it: a team's journal holds
+    one file path of several machines. Rows from before stay NULL (machine unknown)."""
+    for name in AUDIT_VIEWS:
+        db.execute(f"DROP VIEW IF EXISTS {name}")
+    db["commands"].add_column("host", str)  # type: ignore[union-attr]
+    _audit_views(db)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_core,
     _memory_tables,
     _audit_views,
     _fewer_indexes,
     _diff_history,
+    _host,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -499,7 +499,7 @@ class _Flusher:
 
 _INSERT_COMMAND = (
     "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
-    " pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " host, pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
