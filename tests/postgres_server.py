@@ -11,8 +11,8 @@ import atexit
 import os
 import tempfile
 import uuid
-from urllib.parse import quote, urlencode
 from functools import cache
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
