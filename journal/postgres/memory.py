@@ -1,7 +1,32 @@
 """The memory store on PostgreSQL: a projection of `ObservationSaved` events, written in the
-transaction that appends the event, searched through a GIN index over a weighted tsvector."""
+transaction that appends the event, searched through a GIN index over a weighted tsvector.
+
+The tsvector and the tsqueries are built here, never by PostgreSQL's text parser (whose words
+depend on the locale and differ from SQLite's): the tokens are those of `journal.search_text`,
+so both backends find the same observations for the same query. Relevance is the SQLite
+store's: each phrase scores the best column it occurs in (title 5, facts and concepts 2, text
+1), summed, ties newest first; it reads nothing but the observation itself, so observations
+the caller may not see never change the order.
+"""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import msgspec
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from toolbus.bus import Caller, ObservationSaved
+from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.journal.search_text import Phrase, query_phrases, searchable, tokens
+
+T = TypeVar("T")
+
+# Of the document, the words that weigh more than the text's (title A, facts and concepts B).
+_RANKED_PART = "ts_filter(document, '{a,b}')"
 
 # Created by `journal.postgres.schema`, in the `toolbus` schema (connections set search_path).
 MEMORY_TABLES: tuple[str, ...] = (
@@ -24,4 +49,406 @@ MEMORY_TABLES: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS observations_document ON observations USING gin (document)",
     "CREATE INDEX IF NOT EXISTS observations_by_time ON observations (created_at_epoch, id)",
     "CREATE INDEX IF NOT EXISTS observations_by_project ON observations (project, created_at_epoch, id)",
+    # The words of titles, facts and concepts alone: the few matches that rank above the rest.
+    f"CREATE INDEX IF NOT EXISTS observations_ranked ON observations USING gin ({_RANKED_PART})",
 )
+
+INSERT_OBSERVATION = (
+    "INSERT INTO observations (id, title, text, type, project, memory_session_id, facts, concepts,"
+    " agent, department, visibility, created_at_epoch, extra, document)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)"
+)
+
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.decode
+
+
+def observation_params(position: int, event: ObservationSaved) -> tuple[object, ...]:
+    """The parameters of `INSERT_OBSERVATION` for one saved observation (id = its event's
+    journal position)."""
+    tags = "\n".join([*event.facts, *event.concepts])  # one column, as in the SQLite index
+    return (
+        position,
+        event.title,
+        event.text,
+        event.type,
+        event.project,
+        event.memory_session_id,
+        _json.encode(event.facts).decode(),
+        _json.encode(event.concepts).decode(),
+        event.agent,
+        event.department,
+        event.visibility,
+        event.created_at_epoch,
+        _json.encode(event.extra).decode(),
+        document((event.title, "A"), (tags, "B"), (event.text, "D")),
+    )
+
+
+# --- the document: a tsvector literal ----------------------------------------------------
+
+# PostgreSQL's bounds: a longer lexeme is an error, a later position is read as the last one,
+# and a lexeme keeps its first 256 positions.
+_MAX_LEXEME_BYTES = 2046
+_LAST_POSITION = 16383
+_MAX_POSITIONS = 256
+# Lexemes and positions of a tsvector must stay under 1 MiB; what does not fit is left out,
+# the latest words first, so a huge text saves and is still found by its first words.
+_DOCUMENT_BYTES = 1_000_000
+_LEXEME_OVERHEAD = 3  # its alignment byte and its count of positions
+_POSITION_BYTES = 2
+
+
+def document(*columns: tuple[str, str]) -> str:
+    """A tsvector literal of (text, weight) columns, in that order: the tokens of each column's
+    searchable form at their positions. A gap between columns keeps phrases inside one."""
+    found: dict[str, list[str]] = {}
+    room = _DOCUMENT_BYTES
+    position = 0
+    for text, weight in columns:
+        label = "" if weight == "D" else weight  # D is a position's default weight
+        for token in tokens(searchable(text)):
+            position += 1
+            at = f"{min(position, _LAST_POSITION)}{label}"
+            lexeme = _lexeme(token)
+            if (positions := found.get(lexeme)) is None:
+                cost = len(lexeme.encode()) + _LEXEME_OVERHEAD + _POSITION_BYTES
+                if cost <= room:
+                    found[lexeme] = [at]
+                    room -= cost
+            elif len(positions) < _MAX_POSITIONS and room >= _POSITION_BYTES and position <= _LAST_POSITION:
+                positions.append(at)
+                room -= _POSITION_BYTES
+        position += 1
+    return " ".join(f"{_quoted(lexeme)}:{','.join(positions)}" for lexeme, positions in found.items())
+
+
+def _lexeme(token: str) -> str:
+    """`token` cut to the longest lexeme PostgreSQL takes (queries cut theirs the same way)."""
+    if len(token) * 4 <= _MAX_LEXEME_BYTES:
+        return token
+    return token.encode()[:_MAX_LEXEME_BYTES].decode(errors="ignore")
+
+
+def _quoted(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+# --- queries: tsquery literals -----------------------------------------------------------
+
+
+class _Words(NamedTuple):
+    """A query phrase as lexemes in order, the last one a prefix when `prefix`."""
+
+    lexemes: tuple[str, ...]
+    prefix: bool
+
+    def tsquery(self, weights: str = "") -> str:
+        """The phrase as a tsquery, matching only positions of these weights (any when empty)."""
+        *first, last = [_quoted(lexeme) for lexeme in self.lexemes]
+        label = ":" + weights if weights else ""
+        last += ":*" + weights if self.prefix else label
+        return " <-> ".join([*(word + label for word in first), last])
+
+    @staticmethod
+    def of(phrase: Phrase) -> _Words | None:
+        lexemes = tuple(map(_lexeme, tokens(phrase.text)))
+        return _Words(lexemes, phrase.prefix) if lexemes else None
+
+
+def _words(text: str) -> list[_Words]:
+    return [words for words in map(_Words.of, query_phrases(text)) if words]
+
+
+def _all_of(phrases: list[_Words], weights: str = "") -> str:
+    return " & ".join(f"({words.tsquery(weights)})" for words in phrases)
+
+
+def _any_of(phrases: list[_Words]) -> str:
+    return " | ".join(f"({words.tsquery()})" for words in phrases)
+
+
+# --- the query side ----------------------------------------------------------------------
+
+_INDEX_COLUMNS = "o.id, o.title, o.type, o.project, o.created_at_epoch, o.agent, o.visibility"
+_FULL_COLUMNS = (
+    "o.id, o.title, o.text, o.type, o.project, o.memory_session_id, o.facts, o.concepts,"
+    " o.agent, o.department, o.visibility, o.created_at_epoch, o.extra"
+)
+_FULL_NAMES = tuple(column.strip().removeprefix("o.") for column in _FULL_COLUMNS.split(","))
+_JSON_FIELDS = frozenset({"facts", "concepts"})
+# Who sees what; anything else (an unknown visibility) is seen by nobody. Row-level security
+# says the same, but the store does not count on it.
+_VISIBLE = (
+    "(o.visibility IN ('public', 'project')"
+    " OR (o.visibility = 'department' AND o.department = %(viewer_department)s)"
+    " OR (o.visibility = 'private' AND o.agent = %(viewer_agent)s))"
+)
+_NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
+_OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
+# Among matches of equal score: the newest saved first, as the SQLite store does (its index's
+# order, by id = journal position).
+_TIES = "o.id DESC"
+_RANKED = f"{_RANKED_PART.replace('document', 'o.document')} @@ %(any)s::tsquery"
+
+Conn = psycopg.Connection[Any]
+
+
+class _Where:
+    """SQL conditions and their parameters, always starting with what the viewer may see."""
+
+    def __init__(self, viewer: Caller) -> None:
+        self.conditions = [_VISIBLE]
+        self.params: dict[str, Any] = {"viewer_agent": viewer.agent, "viewer_department": viewer.department}
+
+    def add(self, condition: str, **params: Any) -> None:
+        self.conditions.append(condition)
+        self.params.update(params)
+
+    def also(self, condition: str, **params: Any) -> _Where:
+        """These conditions and one more, leaving these as they are."""
+        other = _Where.__new__(_Where)
+        other.conditions = [*self.conditions, condition]
+        other.params = self.params | params
+        return other
+
+    def sql(self) -> str:
+        return " AND ".join(self.conditions)
+
+
+def _search_where(query: SearchQuery, viewer: Caller) -> _Where:
+    where = _Where(viewer)
+    if query.project is not None:
+        where.add("o.project = %(project)s", project=query.project)
+    if query.types:
+        where.add("o.type = ANY(%(types)s)", types=list(query.types))
+    if query.start_ms is not None:
+        where.add("o.created_at_epoch >= %(start_ms)s", start_ms=query.start_ms)
+    if query.end_ms is not None:
+        where.add("o.created_at_epoch <= %(end_ms)s", end_ms=query.end_ms)
+    return where
+
+
+def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[_Words]] | None:
+    """The conditions of a search with words and its phrases, or None when its words can
+    match nothing."""
+    phrases = _words(query.text or "")
+    if not phrases:
+        return None
+    where = _search_where(query, viewer)
+    where.add("o.document @@ %(match)s::tsquery", match=_all_of(phrases), any=_any_of(phrases))
+    return where, phrases
+
+
+def search_sync(conn: Conn, query: SearchQuery, viewer: Caller) -> SearchPage:
+    """One page of the observations `viewer` may see that match `query`, and their total."""
+    if query.text is None:
+        results, total = _list(conn, query, viewer)
+    elif (matching := _matching(query, viewer)) is None:
+        results, total = [], 0
+    else:
+        where, phrases = matching
+        total = _count(conn, where)
+        results = _match_page(conn, query, where, phrases) if query.offset < total else []
+    return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
+
+
+# Up to this many visible matches with a phrase in a title or tags, scoring them all is as
+# quick as reading a page score level by score level, which pays for a query per level.
+RANK_ALL_UP_TO = 200
+# Levels grow as 3 ** phrases; a query of more phrases matches few observations anyway.
+_LEVELLED_PHRASES = 3
+_WEIGHTS = ((5, "A"), (2, "B"))  # title; facts and concepts
+_TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither above, the text
+
+
+def _match_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words]) -> list[IndexRow]:
+    """One page of the visible matches, in the order asked. Only matches with a phrase in a
+    title or tags score above the least (the number of phrases), and they are few: they are
+    scored, found through their own index; the rest follow newest first, never scored."""
+    if query.order_by != "relevance":
+        return _page(conn, where, _date_order(query), query.limit, query.offset)
+    score, scores = _score(phrases)
+    ranked = where.also(_RANKED, **scores)
+    above = _count(conn, ranked)
+    if above > RANK_ALL_UP_TO and len(phrases) <= _LEVELLED_PHRASES:
+        return _levelled_page(conn, query, where, phrases)
+    page: list[IndexRow] = []
+    if query.offset < above:
+        page = _page(conn, ranked, f"{score} DESC, {_TIES}", query.limit, query.offset)
+    if len(page) < query.limit:
+        rest = where.also(f"NOT {_RANKED}")
+        page += _page(conn, rest, _TIES, query.limit - len(page), max(0, query.offset - above))
+    return page
+
+
+def _score(phrases: list[_Words]) -> tuple[str, dict[str, str]]:
+    """The relevance of a match as SQL: each phrase adds the weight of the best column it occurs in."""
+    cases: list[str] = []
+    params: dict[str, str] = {}
+    for i, words in enumerate(phrases):
+        whens = []
+        for weight, label in _WEIGHTS:
+            params[f"{label}{i}"] = words.tsquery(label)
+            whens.append(f"WHEN o.document @@ %({label}{i})s::tsquery THEN {weight}")
+        cases.append(f"CASE {' '.join(whens)} ELSE {_TEXT_WEIGHT} END")
+    return "(" + " + ".join(cases) + ")", params
+
+
+def _levelled_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words]) -> list[IndexRow]:
+    """A page of the ranked order read level by level, best first: each level is one SQL
+    condition read newest first, so a level that fills the rest of the page stops there; only
+    a level wholly before the page is counted."""
+    page: list[IndexRow] = []
+    skip = query.offset
+    for condition, params in _score_levels(phrases):
+        at_level = where.also(condition, **params)
+        rows = _page(conn, at_level, _TIES, query.limit - len(page), skip)
+        if rows:
+            skip = 0
+        elif skip:
+            skip -= _count(conn, at_level)
+        page += rows
+        if len(page) == query.limit:
+            break
+    return page
+
+
+def _score_levels(phrases: list[_Words]) -> list[tuple[str, dict[str, str]]]:
+    """SQL conditions of the matches with each score, highest first: every phrase in the best
+    column it occurs in, each way of placing them summed to its score."""
+    params: dict[str, str] = {}
+    placings: list[list[tuple[int, str]]] = []
+    for i, words in enumerate(phrases):
+        params |= {f"A{i}": words.tsquery("A"), f"AB{i}": words.tsquery("AB")}
+        placings.append(
+            [
+                (5, f"o.document @@ %(A{i})s::tsquery"),
+                (2, f"o.document @@ %(AB{i})s::tsquery AND NOT o.document @@ %(A{i})s::tsquery"),
+                (_TEXT_WEIGHT, f"NOT o.document @@ %(AB{i})s::tsquery"),
+            ]
+        )
+    by_score: dict[int, list[str]] = {}
+    for placing in itertools.product(*placings):
+        score = sum(weight for weight, _ in placing)
+        by_score.setdefault(score, []).append(" AND ".join(condition for _, condition in placing))
+    least = _TEXT_WEIGHT * len(phrases)
+    levels = []
+    for score in sorted(by_score, reverse=True):
+        condition = " OR ".join(f"({each})" for each in by_score[score])
+        # Above the least, some phrase is in a title or tags: their index finds those rows.
+        levels.append((f"{_RANKED} AND ({condition})" if score > least else f"NOT {_RANKED}", params))
+    return levels
+
+
+def _list(conn: Conn, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow], int]:
+    """Filters only, by date: walks a time index, so it stops as soon as the page is full."""
+    where = _search_where(query, viewer)
+    results = _page(conn, where, _date_order(query), query.limit, query.offset)
+    if query.offset == 0 and len(results) < query.limit:
+        return results, len(results)  # the first page, not full: it holds every match
+    return results, _count(conn, where)
+
+
+def _count(conn: Conn, where: _Where) -> int:
+    row = conn.execute(f"SELECT count(*) FROM observations o WHERE {where.sql()}", where.params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _date_order(query: SearchQuery) -> str:
+    return _OLDEST_FIRST if query.order_by == "date_asc" else _NEWEST_FIRST
+
+
+def _page(conn: Conn, where: _Where, order: str, limit: int, offset: int) -> list[IndexRow]:
+    rows = conn.execute(
+        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f" ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s",
+        where.params | {"limit": limit, "offset": offset},
+    )
+    return [IndexRow(*row) for row in rows]
+
+
+def timeline_sync(conn: Conn, query: TimelineQuery, viewer: Caller) -> TimelinePage:
+    """The anchor and up to `depth_before`/`depth_after` observations around it, in time order."""
+    anchor = _anchor(conn, query, viewer)
+    if anchor is None:
+        wanted = f"observation {query.anchor}" if query.anchor is not None else f"match for {query.text!r}"
+        return TimelinePage(anchor=None, results=[], message=f"No {wanted} found")
+    where = _Where(viewer)
+    if query.project is not None:
+        where.add("o.project = %(project)s", project=query.project)
+    where.params |= {"at": anchor.created_at_epoch, "id": anchor.id}
+    earlier = where.also("(o.created_at_epoch, o.id) < (%(at)s, %(id)s)")
+    later = where.also("(o.created_at_epoch, o.id) > (%(at)s, %(id)s)")
+    before = _page(conn, earlier, _NEWEST_FIRST, query.depth_before, 0)
+    after = _page(conn, later, _OLDEST_FIRST, query.depth_after, 0)
+    return TimelinePage(anchor=anchor.id, results=[*reversed(before), anchor, *after])
+
+
+def _anchor(conn: Conn, query: TimelineQuery, viewer: Caller) -> IndexRow | None:
+    if query.anchor is not None:
+        where = _Where(viewer)
+        where.add("o.id = %(anchor)s", anchor=query.anchor)
+        found = _page(conn, where, _TIES, 1, 0)
+    else:
+        found = search_sync(conn, SearchQuery(text=query.text, limit=1, project=query.project), viewer).results
+    return found[0] if found else None
+
+
+def get_observations_sync(conn: Conn, ids: list[int], viewer: Caller) -> Observations:
+    """Full records of `ids` the viewer may see, in the order asked; the rest as missing."""
+    wanted = list(dict.fromkeys(ids))
+    where = _Where(viewer)
+    where.add("o.id = ANY(%(ids)s)", ids=wanted)
+    rows = conn.execute(f"SELECT {_FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    found = {record["id"]: record for record in map(_full_record, rows)}
+    return Observations(
+        observations=[found[i] for i in wanted if i in found],
+        missing=[i for i in wanted if i not in found],
+    )
+
+
+def _full_record(row: tuple[Any, ...]) -> dict[str, Any]:
+    record = dict(zip(_FULL_NAMES, row, strict=True))
+    for name in _JSON_FIELDS:
+        record[name] = _decode(record[name])
+    extra: dict[str, Any] = _decode(record.pop("extra"))
+    # Extra fields sit beside the named ones, but never replace them.
+    return record | {key: value for key, value in extra.items() if key not in record}
+
+
+def _read(work: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """`work` inside one read-only snapshot, so a page and its total agree; inside the
+    caller's transaction when one is open."""
+
+    def run(conn: Conn) -> T:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            return work(conn)
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            return work(conn)
+
+    return run
+
+
+class _Runner(Protocol):
+    """A connection of the journal's, lent on a thread of its own."""
+
+    async def run(self, work: Callable[[Conn], T]) -> T: ...
+
+
+class PostgresMemoryStore:
+    """The memory store the handlers ask (`handlers.ports.MemoryStore`): the observations
+    table, queried off the event loop."""
+
+    def __init__(self, journal: _Runner) -> None:
+        self._journal = journal
+
+    async def search(self, query: SearchQuery, viewer: Caller) -> SearchPage:
+        return await self._journal.run(_read(lambda conn: search_sync(conn, query, viewer)))
+
+    async def timeline(self, query: TimelineQuery, viewer: Caller) -> TimelinePage:
+        return await self._journal.run(_read(lambda conn: timeline_sync(conn, query, viewer)))
+
+    async def get_observations(self, ids: list[int], viewer: Caller) -> Observations:
+        return await self._journal.run(_read(lambda conn: get_observations_sync(conn, ids, viewer)))

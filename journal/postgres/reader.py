@@ -62,6 +62,7 @@ class PostgresReader:
                 status=row["c_status"],
                 agent=row["c_agent"],
                 session_id=row["c_session"],
+                host=row["c_host"],
             )
             for row, event in zip(rows, self._stored(rows), strict=True)
         ]

@@ -6,10 +6,8 @@ events alone: `reset_memory_tables`, then `load_observations` with every `Observ
 which leaves the store as `apply_observation` for each of them would.
 
 Search runs on an FTS5 index that keeps no copy of the text (contentless): `observations`
-holds the text once, the index only its tokens. FTS5's unicode61 tokenizer makes a whole run
-of Chinese, Japanese or Korean characters one token, so such runs are indexed as overlapping
-bigrams followed by the run's last character, and queried the same way: two or more
-characters become a phrase of bigrams, a single character a prefix of any indexed token.
+holds the text once, the index only its tokens, in the searchable form and query phrases of
+`journal.search_text` (CJK runs as bigrams), which every backend shares.
 """
 
 from __future__ import annotations
@@ -17,11 +15,9 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
-import re
 import sqlite3
-import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -29,6 +25,7 @@ import sqlite_utils
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.journal.search_text import Phrase, query_phrases, searchable
 
 T = TypeVar("T")
 
@@ -187,115 +184,27 @@ _audience: Callable[[ObservationSaved], Audience] = operator.attrgetter(
 )
 
 
-# --- the searchable form of text, and queries over it -----------------------------------
-
-# Letters of scripts written without spaces between words (Han, kana) and Hangul, whose
-# words unicode61 cannot find inside a run. Punctuation of those blocks is left out.
-_CJK_RUN = re.compile(
-    "["
-    "\u1100-\u11ff"  # Hangul Jamo
-    "\u3005-\u3007"  # 々 〆 〇
-    "\u3041-\u3096\u309d-\u309f"  # Hiragana
-    "\u30a1-\u30fa\u30fc-\u30ff"  # Katakana (not the middle dot ・)
-    "\u3131-\u318e"  # Hangul compatibility Jamo
-    "\u31f0-\u31ff"  # Katakana phonetic extensions
-    "\u3400-\u4dbf\u4e00-\u9fff"  # CJK ideographs, extension A
-    "\uac00-\ud7a3"  # Hangul syllables
-    "\uf900-\ufaff"  # CJK compatibility ideographs
-    "\U00020000-\U0003134f"  # CJK ideographs, extensions B-H
-    "]+"
-)
-# A "quoted phrase", or a run of anything but blanks and quotes (a stray quote is dropped).
-_TERM = re.compile(r'"([^"]*)"|([^\s"]+)')
-# Typed between words out of search-engine habit; every word must match anyway.
-_CONNECTIVES = frozenset({"AND", "OR", "NEAR"})
-
-
-def searchable(text: str) -> str:
-    """Text as the index holds it: NFKC-normalised, CJK runs spelled as bigrams."""
-    if text.isascii():  # NFKC leaves ASCII as it is, and it holds no CJK run
-        return text
-    return _CJK_RUN.sub(_indexed_run, unicodedata.normalize("NFKC", text))
-
-
-def _indexed_run(run: re.Match[str]) -> str:
-    chars = run[0]
-    return " " + " ".join([*_bigrams(chars), chars[-1]]) + " "
-
-
-def _bigrams(chars: str) -> list[str]:
-    return [chars[i : i + 2] for i in range(len(chars) - 1)]
+# --- queries as FTS5 expressions ---------------------------------------------------------
 
 
 def match_expression(query: str) -> str | None:
     """An FTS5 MATCH expression that requires every word and "quoted phrase" of `query`,
     or None when the query holds no word at all.
 
-    User text never reaches FTS5's query syntax: each word or phrase becomes an FTS5 string
+    User text never reaches FTS5's query syntax: each phrase becomes an FTS5 string
     (operators, column names, `*`, `:` and punctuation inside it are plain text, which the
-    tokenizer splits as it split the indexed text), joined with AND. A word ending in `*` is
-    a prefix.
+    tokenizer splits as it split the indexed text), joined with AND.
     """
-    return " AND ".join(query_phrases(query)) or None
+    return " AND ".join(_fts_phrases(query)) or None
 
 
-def query_phrases(query: str) -> list[str]:
+def _fts_phrases(query: str) -> list[str]:
     """The FTS5 strings of `query` that must all match (see `match_expression`)."""
-    phrases: list[str] = []
-    for term in _TERM.finditer(_clean(query)):
-        if term[1] is not None:
-            phrases += _phrases(term[1])
-            continue
-        for word in term[2].split(":"):  # `title:foo` is two words, not an FTS5 column filter
-            if word not in _CONNECTIVES:
-                phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
-    return phrases
+    return [_fts_string(phrase) for phrase in query_phrases(query)]
 
 
-def _clean(query: str) -> str:
-    # Control and format characters would end an FTS5 string early (NUL) or match nothing.
-    text = unicodedata.normalize("NFKC", query)
-    return "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Cn") else c for c in text)
-
-
-def _phrases(term: str, prefix: bool = False) -> list[str]:
-    """One word or phrase as FTS5 strings that must all match. A CJK run becomes its bigrams
-    (plus its last character when more words follow, as in the index); a lone CJK character
-    ends a string as a prefix, since the index holds it only at the start of a token."""
-    phrases: list[str | None] = []
-    parts: list[str] = []
-    position = 0
-    for run in _CJK_RUN.finditer(term):
-        parts.append(term[position : run.start()])
-        position = run.end()
-        chars = run[0]
-        if len(chars) == 1:
-            phrases.append(_fts_string([*parts, chars], prefix=True))
-            parts = []
-        else:
-            parts += _bigrams(chars)
-            if _has_word(term[position:]):
-                parts.append(chars[-1])
-    parts.append(term[position:])
-    phrases.append(_fts_string(parts, prefix))
-    return [phrase for phrase in phrases if phrase]
-
-
-def _fts_string(parts: Sequence[str], prefix: bool) -> str | None:
-    text = " ".join(part for part in parts if part)
-    if not _has_word(text):
-        return None  # only punctuation: nothing to look for
-    return '"' + text.replace('"', '""') + '"' + ("*" if prefix else "")
-
-
-def _has_word(text: str) -> bool:
-    """Whether unicode61 finds a token in `text`: it keeps letters, digits and private-use marks."""
-    return any(_is_token_char(c) for c in text)
-
-
-def _is_token_char(char: str) -> bool:
-    category = unicodedata.category(char)
-    return category[0] in "LN" or category == "Co"
+def _fts_string(phrase: Phrase) -> str:
+    return '"' + phrase.text.replace('"', '""') + '"' + ("*" if phrase.prefix else "")
 
 
 # --- the query side ----------------------------------------------------------------------
@@ -358,7 +267,7 @@ def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True) -> 
 def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[str]] | None:
     """The conditions of a search with words and its phrases, or None when its words can
     match nothing."""
-    phrases = query_phrases(query.text or "")
+    phrases = _fts_phrases(query.text or "")
     if not phrases:
         return None
     where = _search_where(query, viewer)
