@@ -198,3 +198,27 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_on_a_team_journal(team: Te
         server.initialize()
         after = [save(server, f"after {index}") for index in range(5)]
     assert after == list(range(positions[-1] + 1, positions[-1] + 6))
+
+
+async def test_replay_memory_rebuilds_a_team_journal_and_check_finds_it_whole(team: Team) -> None:
+    async with toolbus(team.url("alice"), None) as alice:
+        for index in range(3):
+            await save_note(alice, f"note {index}", "project")
+    check = cli("replay", "memory", "--check", "--journal", team.admin_url)
+    assert check.returncode == 0 and "3 saved observations: no differences" in check.stdout, check.stdout
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus", autocommit=True) as conn:
+        conn.execute("DELETE FROM observations WHERE title = 'note 1'")
+        conn.execute("UPDATE observations SET title = 'changed' WHERE title = 'note 2'")
+    check = cli("replay", "memory", "--check", "--journal", team.admin_url)
+    assert check.returncode == 1 and "2 difference(s)" in check.stdout, check.stdout
+    refused = cli("replay", "memory", "--journal", team.url("alice"))  # an agent may not rewrite the store
+    assert refused.returncode == 2 and "permission denied" in refused.stderr, refused.stderr
+    rebuilt = cli("replay", "memory", "--journal", team.admin_url)
+    assert rebuilt.returncode == 0 and "from 3 saved observations" in rebuilt.stdout, rebuilt.stderr
+    assert sorted(row[0] for row in admin_rows(team, "SELECT title FROM observations")) == [
+        "note 0",
+        "note 1",
+        "note 2",
+    ]
+    async with toolbus(team.url("bob"), None) as bob:
+        assert await titles(bob, "note") == ["note 0", "note 1", "note 2"]

@@ -91,8 +91,14 @@ class PostgresReader:
         return bytes(rows[0]["content"]) if rows else None
 
     def check_memory(self) -> MemoryCheck:
-        with self._conn.transaction():
-            return check_memory(self._conn)
+        # The rebuild goes to a temporary table, which a read-only transaction may not create;
+        # nothing else is written, and the table goes with the transaction.
+        self._conn.read_only = False
+        try:
+            with self._conn.transaction():
+                return check_memory(self._conn)
+        finally:
+            self._conn.read_only = True
 
     def counts(self) -> tuple[int, int]:
         [row] = self._rows("SELECT (SELECT count(*) FROM commands) AS c, (SELECT count(*) FROM events) AS e", ())
