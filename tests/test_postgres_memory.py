@@ -310,6 +310,7 @@ def test_every_search_is_the_sqlites(stores: Stores, monkeypatch: pytest.MonkeyP
     """Both ways of reading a relevance page (scoring the few matches that rank above the
     rest, or reading score levels) give SQLite's page, for queries of one to four phrases."""
     monkeypatch.setattr(pg, "RANK_ALL_UP_TO", rank_all_up_to)
+    monkeypatch.setattr(pg, "_WALK_FROM", rank_all_up_to)  # and both ways of reading newest first
     _corpus(stores, seed=7, count=300)
     draw = random.Random(8)
     matched = 0

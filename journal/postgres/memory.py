@@ -249,36 +249,43 @@ def search_sync(conn: Conn, query: SearchQuery, viewer: Caller) -> SearchPage:
     else:
         where, phrases = matching
         total = _count(conn, where)
-        results = _match_page(conn, query, where, phrases) if query.offset < total else []
+        results = _match_page(conn, query, where, phrases, total) if query.offset < total else []
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
 
 
 # Up to this many visible matches with a phrase in a title or tags, scoring them all is as
-# quick as reading a page score level by score level, which pays for a query per level.
+# quick as reading a page score level by level, which pays for a query per level.
 RANK_ALL_UP_TO = 200
 # Levels grow as 3 ** phrases; a query of more phrases matches few observations anyway.
 _LEVELLED_PHRASES = 3
 _WEIGHTS = ((5, "A"), (2, "B"))  # title; facts and concepts
 _TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither above, the text
+# From this many matches on, a page newest first walks the primary key backwards and stops
+# when the page is full; below, the matches are too sparse for that: they are found through
+# the word index and sorted (`+ 0` keeps the planner from walking the key).
+_WALK_FROM = 2000
 
 
-def _match_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words]) -> list[IndexRow]:
+def _match_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words], total: int) -> list[IndexRow]:
     """One page of the visible matches, in the order asked. Only matches with a phrase in a
     title or tags score above the least (the number of phrases), and they are few: they are
     scored, found through their own index; the rest follow newest first, never scored."""
     if query.order_by != "relevance":
         return _page(conn, where, _date_order(query), query.limit, query.offset)
+    ties = _TIES if total >= _WALK_FROM else "o.id + 0 DESC"
     score, scores = _score(phrases)
     ranked = where.also(_RANKED, **scores)
-    above = _count(conn, ranked)
+    above = _count(conn, ranked, RANK_ALL_UP_TO + 1)
     if above > RANK_ALL_UP_TO and len(phrases) <= _LEVELLED_PHRASES:
-        return _levelled_page(conn, query, where, phrases)
+        return _levelled_page(conn, query, where, phrases, ties)
+    if above > RANK_ALL_UP_TO:
+        above = _count(conn, ranked)
     page: list[IndexRow] = []
     if query.offset < above:
         page = _page(conn, ranked, f"{score} DESC, {_TIES}", query.limit, query.offset)
     if len(page) < query.limit:
         rest = where.also(f"NOT {_RANKED}")
-        page += _page(conn, rest, _TIES, query.limit - len(page), max(0, query.offset - above))
+        page += _page(conn, rest, ties, query.limit - len(page), max(0, query.offset - above))
     return page
 
 
@@ -295,7 +302,7 @@ def _score(phrases: list[_Words]) -> tuple[str, dict[str, str]]:
     return "(" + " + ".join(cases) + ")", params
 
 
-def _levelled_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words]) -> list[IndexRow]:
+def _levelled_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words], ties: str) -> list[IndexRow]:
     """A page of the ranked order read level by level, best first: each level is one SQL
     condition read newest first, so a level that fills the rest of the page stops there; only
     a level wholly before the page is counted."""
@@ -303,7 +310,7 @@ def _levelled_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[
     skip = query.offset
     for condition, params in _score_levels(phrases):
         at_level = where.also(condition, **params)
-        rows = _page(conn, at_level, _TIES, query.limit - len(page), skip)
+        rows = _page(conn, at_level, ties, query.limit - len(page), skip)
         if rows:
             skip = 0
         elif skip:
@@ -350,8 +357,12 @@ def _list(conn: Conn, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow
     return results, _count(conn, where)
 
 
-def _count(conn: Conn, where: _Where) -> int:
-    row = conn.execute(f"SELECT count(*) FROM observations o WHERE {where.sql()}", where.params).fetchone()
+def _count(conn: Conn, where: _Where, up_to: int | None = None) -> int:
+    """How many rows match, or `up_to` when there are at least that many (found sooner)."""
+    rows = f"SELECT 1 FROM observations o WHERE {where.sql()}"
+    if up_to is not None:
+        rows += f" LIMIT {int(up_to)}"
+    row = conn.execute(f"SELECT count(*) FROM ({rows}) AS matches", where.params, prepare=False).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -364,6 +375,7 @@ def _page(conn: Conn, where: _Where, order: str, limit: int, offset: int) -> lis
         f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
         f" ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s",
         where.params | {"limit": limit, "offset": offset},
+        prepare=False,  # a plan for these words: one for any words is often far slower
     )
     return [IndexRow(*row) for row in rows]
 
