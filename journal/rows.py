@@ -115,3 +115,13 @@ def valid_text(value: str | None) -> str | None:
     except UnicodeEncodeError:
         return _LONE_SURROGATE.sub("\ufffd", value)
     return value
+
+
+def without_nul(value: str) -> str:
+    """`value` as PostgreSQL's text can hold it: NUL, which it cannot, becomes U+FFFD."""
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
+def storable_row(row: tuple[object, ...]) -> tuple[object, ...]:
+    """A row's text values `without_nul`."""
+    return tuple(without_nul(value) if isinstance(value, str) else value for value in row)

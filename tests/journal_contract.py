@@ -334,3 +334,22 @@ class JournalContract:
         assert (found.path, found.content) == ("/src/n.md", b"unsaved\n")
         with pytest.raises(NoSuchEvent):
             reader.event_at(close_at + 1)
+
+    # --- text any client may send -----------------------------------------------------------
+
+    def test_text_with_nul_is_recorded(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        # The bus refuses lone surrogates before anything is recorded; a NUL it lets through.
+        note = observation("nul\x00title", "text with a nul\x00 inside")
+
+        async def work() -> None:
+            await writer.finish(record("save", {"title": "nul\x00title"}), None, "ok", events=[note])
+            await writer.finish(record("saveDocument", {"filePath": "\x00"}), None, "rejected", error="bad \x00 path")
+
+        anyio.run(work)
+        [title] = self._search(writer, "inside")
+        assert self._search(writer, "nul") == [title] and title.startswith("nul") and title.endswith("title")
+        [rejected, saved_note] = read().audit(AuditQuery())
+        assert rejected.status == "rejected" and rejected.error is not None and rejected.error.startswith("bad ")
+        assert saved_note.arguments == {"title": "nul\x00title"}  # the arguments, as JSON, keep it

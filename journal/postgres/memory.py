@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.journal.rows import storable_row
 from toolbus.journal.search_text import Phrase, query_phrases, searchable, tokens
 
 T = TypeVar("T")
@@ -67,21 +68,23 @@ def observation_params(position: int, event: ObservationSaved) -> tuple[object, 
     """The parameters of `INSERT_OBSERVATION` for one saved observation (id = its event's
     journal position)."""
     tags = "\n".join([*event.facts, *event.concepts])  # one column, as in the SQLite index
-    return (
-        position,
-        event.title,
-        event.text,
-        event.type,
-        event.project,
-        event.memory_session_id,
-        _json.encode(event.facts).decode(),
-        _json.encode(event.concepts).decode(),
-        event.agent,
-        event.department,
-        event.visibility,
-        event.created_at_epoch,
-        _json.encode(event.extra).decode(),
-        document((event.title, "A"), (tags, "B"), (event.text, "D")),
+    return storable_row(
+        (
+            position,
+            event.title,
+            event.text,
+            event.type,
+            event.project,
+            event.memory_session_id,
+            _json.encode(event.facts).decode(),
+            _json.encode(event.concepts).decode(),
+            event.agent,
+            event.department,
+            event.visibility,
+            event.created_at_epoch,
+            _json.encode(event.extra).decode(),
+            document((event.title, "A"), (tags, "B"), (event.text, "D")),
+        )
     )
 
 

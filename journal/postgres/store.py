@@ -26,7 +26,7 @@ from toolbus.bus.moments import iso_time
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 from toolbus.journal.postgres.schema import SCHEMA, schema_version
-from toolbus.journal.rows import Outcome, command_row, event_ids
+from toolbus.journal.rows import Outcome, command_row, event_ids, storable_row, without_nul
 from toolbus.journal.worker import Worker
 
 T = TypeVar("T")
@@ -233,7 +233,13 @@ def insert_outcome(
     else:
         conn.execute(
             "UPDATE commands SET status = %s, error = %s, finished_at = %s, duration_ms = %s WHERE id = %s",
-            (outcome.status, outcome.error, finished_at, (finished_ns - record.received_ns) / 1e6, command_id),
+            (
+                outcome.status,
+                outcome.error and without_nul(outcome.error),
+                finished_at,
+                (finished_ns - record.received_ns) / 1e6,
+                command_id,
+            ),
         )
     if outcome.blobs:
         _insert_blobs(conn, outcome.blobs)
@@ -254,7 +260,7 @@ def _insert_command(
 ) -> int:
     finished_at = iso_time(finished_ns) if finished_ns is not None else None
     row = command_row(record, status, error, os.getpid(), finished_ns, finished_at)
-    inserted = conn.execute(_INSERT_COMMAND, (key, *row)).fetchone()
+    inserted = conn.execute(_INSERT_COMMAND, (key, *storable_row(row))).fetchone()
     if inserted is None:  # sent before, by a commit whose answer was lost
         inserted = conn.execute("SELECT id FROM commands WHERE request_key = %s", (key,)).fetchone()
     assert inserted is not None
@@ -298,7 +304,7 @@ def _append(
             encode_event_data(event).decode(),
             *(owner or (agent, department, _PRIVATE)),
         )
-        inserted = conn.execute(_INSERT_EVENT, row).fetchone()
+        inserted = conn.execute(_INSERT_EVENT, storable_row(row)).fetchone()
         if inserted is None:  # written by an earlier attempt of this very transaction
             found = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
             assert found is not None
