@@ -25,6 +25,7 @@ from toolbus.journal.postgres.memory import (
     search_sync,
     timeline_sync,
 )
+from toolbus.journal.postgres.schema import SEARCH_FUNCTIONS
 from toolbus.journal.sqlite import memory as lite
 
 T = TypeVar("T")
@@ -107,13 +108,15 @@ def database() -> Iterator[str]:
 
 @pytest.fixture
 def stores(database: str) -> Iterator[Stores]:
-    """A fresh `toolbus` schema holding the memory tables (and the events they refer to)."""
+    """A fresh `toolbus` schema holding the memory tables, the events and agents they refer to,
+    and the functions the search goes through."""
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS toolbus CASCADE")
         conn.execute("CREATE SCHEMA toolbus")
         conn.execute("SET search_path = toolbus")
         conn.execute("CREATE TABLE events (position bigint PRIMARY KEY)")
-        for statement in MEMORY_TABLES:
+        conn.execute("CREATE TABLE agents (role text PRIMARY KEY, department text NOT NULL)")
+        for statement in (*MEMORY_TABLES, *SEARCH_FUNCTIONS):
             conn.execute(statement)
         both = Stores(conn)
         yield both

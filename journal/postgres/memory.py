@@ -27,7 +27,7 @@ from toolbus.journal.search_text import Phrase, query_phrases, searchable, token
 T = TypeVar("T")
 
 # Of the document, the words that weigh more than the text's (title A, facts and concepts B).
-_RANKED_PART = "ts_filter(document, '{a,b}')"
+RANKED_PART = "ts_filter(document, '{a,b}')"
 
 # Created by `journal.postgres.schema`, in the `toolbus` schema (connections set search_path).
 MEMORY_TABLES: tuple[str, ...] = (
@@ -51,7 +51,7 @@ MEMORY_TABLES: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS observations_by_time ON observations (created_at_epoch, id)",
     "CREATE INDEX IF NOT EXISTS observations_by_project ON observations (project, created_at_epoch, id)",
     # The words of titles, facts and concepts alone: the few matches that rank above the rest.
-    f"CREATE INDEX IF NOT EXISTS observations_ranked ON observations USING gin ({_RANKED_PART})",
+    f"CREATE INDEX IF NOT EXISTS observations_ranked ON observations USING gin ({RANKED_PART})",
 )
 
 INSERT_OBSERVATION = (
@@ -192,7 +192,8 @@ _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # Among matches of equal score: the newest saved first, as the SQLite store does (its index's
 # order, by id = journal position).
 _TIES = "o.id DESC"
-_RANKED = f"{_RANKED_PART.replace('document', 'o.document')} @@ %(any)s::tsquery"
+# Through the schema's functions, which can use the word indexes under row-level security.
+_RANKED = "o.id IN (SELECT ranked_observations(%(any)s::tsquery))"
 
 Conn = psycopg.Connection[Any]
 
@@ -239,7 +240,9 @@ def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[_Words]]
     if not phrases:
         return None
     where = _search_where(query, viewer)
-    where.add("o.document @@ %(match)s::tsquery", match=_all_of(phrases), any=_any_of(phrases))
+    where.add(
+        "o.id IN (SELECT matching_observations(%(match)s::tsquery))", match=_all_of(phrases), any=_any_of(phrases)
+    )
     return where, phrases
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import psycopg
 
+from toolbus.journal.postgres.memory import MEMORY_TABLES, RANKED_PART
+
 SCHEMA = "toolbus"
 AGENT_GROUP = "toolbus_agent"
 SCHEMA_VERSION = 1
@@ -81,6 +83,28 @@ _TABLES = (
     )""",
 )
 
+# Who may see an observation, judged inside a SECURITY DEFINER function (where current_user is
+# the owner) for the login: as the policies would, and everything for those they do not bind
+# (superusers, roles that bypass row-level security, the owner).
+_LOGIN_SEES = (
+    "(visibility IN ('public', 'project') OR agent = session_user"
+    " OR (visibility = 'department'"
+    " AND department = (SELECT a.department FROM agents AS a WHERE a.role = session_user))"
+    " OR (SELECT r.rolsuper OR r.rolbypassrls OR r.oid = c.relowner FROM pg_roles AS r, pg_class AS c"
+    f" WHERE r.rolname = session_user AND c.oid = '{SCHEMA}.observations'::regclass))"
+)
+
+SEARCH_FUNCTIONS: tuple[str, ...] = tuple(
+    # Row-level security keeps PostgreSQL from using an index for a condition whose operator
+    # is not leakproof, and text search's `@@` is not: under the policies every search would
+    # read the whole table. These functions run as the owner, so the word indexes serve, and
+    # return only what the login (session_user) may see, as the policies would judge it.
+    f"""CREATE OR REPLACE FUNCTION {name}(query tsquery) RETURNS SETOF bigint LANGUAGE sql STABLE
+        SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+        SELECT id FROM observations WHERE {indexed} @@ query AND {_LOGIN_SEES} $$"""
+    for name, indexed in (("matching_observations", "document"), ("ranked_observations", RANKED_PART))
+)
+
 _FUNCTIONS = (
     # Runs as the owner (SECURITY DEFINER): it must see every position, which an agent cannot.
     f"""CREATE OR REPLACE FUNCTION next_position() RETURNS trigger
@@ -94,6 +118,7 @@ _FUNCTIONS = (
     "CREATE TRIGGER events_next_position BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION next_position()",
     f"""CREATE OR REPLACE FUNCTION my_department() RETURNS text LANGUAGE sql STABLE
         SET search_path = {SCHEMA}, pg_temp AS $$ SELECT department FROM agents WHERE role = current_user $$""",
+    *SEARCH_FUNCTIONS,
 )
 
 # Who sees an observation (and its event). `(SELECT ...)`: evaluated once per query, not per row.
@@ -121,15 +146,14 @@ _GRANTS = (
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
     f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
-    f"GRANT EXECUTE ON FUNCTION my_department() TO {AGENT_GROUP}",
+    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery), ranked_observations(tsquery)"
+    f" TO {AGENT_GROUP}",
 )
 
 
 def init_schema(conn: psycopg.Connection[Any]) -> None:
     """Create (or complete) the schema, its policies and grants, in one transaction: running
     it again changes nothing. `conn` is the admin's, in autocommit mode."""
-    from toolbus.journal.postgres.memory import MEMORY_TABLES
-
     with conn.transaction():
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         conn.execute(f"SET LOCAL search_path = {SCHEMA}")
