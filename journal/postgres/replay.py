@@ -22,7 +22,9 @@ def rebuild_memory(conn: psycopg.Connection[Any]) -> int:
     observation count. Only the journal's owner (the team's admin) may: agents cannot delete."""
     with conn.transaction():
         conn.execute("TRUNCATE observations")
-        return _project(conn, "observations")
+        count = _project(conn, "observations")
+    conn.execute("ANALYZE observations")  # the planner's statistics for the new rows: searches pick the word index
+    return count
 
 
 def check_memory(conn: psycopg.Connection[Any]) -> MemoryCheck:

@@ -99,7 +99,7 @@ SEARCH_FUNCTIONS: tuple[str, ...] = tuple(
     # is not leakproof, and text search's `@@` is not: under the policies every search would
     # read the whole table. These functions run as the owner, so the word indexes serve, and
     # return only what the login (session_user) may see, as the policies would judge it.
-    f"""CREATE OR REPLACE FUNCTION {name}(query tsquery) RETURNS SETOF bigint LANGUAGE sql STABLE
+    f"""CREATE OR REPLACE FUNCTION {name}(query tsquery) RETURNS SETOF bigint LANGUAGE sql STABLE ROWS 100
         SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
         SELECT id FROM observations WHERE {indexed} @@ query AND {_LOGIN_SEES} $$"""
     for name, indexed in (("matching_observations", "document"), ("ranked_observations", RANKED_PART))
