@@ -116,6 +116,8 @@ def test_row_level_security_shows_each_agent_only_what_it_may_see(team: Team) ->
 def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) -> None:
     positions = _save_notes(team, "alice")
     alice = team.roles["alice"]
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
+        [(alices_command,)] = admin.execute("SELECT min(id) FROM commands").fetchall()
     with team.sql("bob") as conn:
         attempts = [
             ("UPDATE events SET data = '{}' WHERE position = %s", (positions["public"],)),
@@ -139,6 +141,12 @@ def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) 
                 (),
             ),
             ("INSERT INTO agents (role, department) VALUES (current_user, 'sales')", ()),
+            (  # in its own name, but as part of another agent's command
+                "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data, agent,"
+                " department, visibility) VALUES ('e3', %s, 'X', 1, 's', '2026', '{}', current_user, 'platform',"
+                " 'public')",
+                (alices_command,),
+            ),
         ]
         for sql, params in attempts:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

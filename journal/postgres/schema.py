@@ -135,8 +135,10 @@ _POLICIES = {
     },
     "events": {
         "SELECT": f"USING (agent = current_user OR {_SEES})",
-        # An event joins only a command of its own agent (the subquery sees no other).
-        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND (command_id IS NULL OR command_id IN (SELECT id FROM commands)))",
+        # An event joins only a command of its own agent (the subquery sees no other). Correlated,
+        # so it is one lookup by primary key, not a read of every command the agent has.
+        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND (command_id IS NULL"
+        " OR EXISTS (SELECT 1 FROM commands AS c WHERE c.id = command_id)))",
     },
     "blobs": {"SELECT": "USING (agent = current_user)", "INSERT": "WITH CHECK (agent = current_user)"},
     "observations": {"SELECT": f"USING {_SEES}", "INSERT": f"WITH CHECK ({_IN_OWN_NAME})"},
