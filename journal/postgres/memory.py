@@ -193,7 +193,7 @@ _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # order, by id = journal position).
 _TIES = "o.id DESC"
 # Through the schema's functions, which can use the word indexes under row-level security.
-_RANKED = "o.id IN (SELECT ranked_observations(%(any)s::tsquery))"
+_RANKED = "o.id IN (SELECT ranked_observations(%(match)s::tsquery, %(any)s::tsquery))"
 
 Conn = psycopg.Connection[Any]
 

@@ -94,15 +94,29 @@ _LOGIN_SEES = (
     f" WHERE r.rolname = session_user AND c.oid = '{SCHEMA}.observations'::regclass))"
 )
 
-SEARCH_FUNCTIONS: tuple[str, ...] = tuple(
-    # Row-level security keeps PostgreSQL from using an index for a condition whose operator
-    # is not leakproof, and text search's `@@` is not: under the policies every search would
-    # read the whole table. These functions run as the owner, so the word indexes serve, and
-    # return only what the login (session_user) may see, as the policies would judge it.
-    f"""CREATE OR REPLACE FUNCTION {name}(query tsquery) RETURNS SETOF bigint LANGUAGE sql STABLE ROWS 100
-        SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
-        SELECT id FROM observations WHERE {indexed} @@ query AND {_LOGIN_SEES} $$"""
-    for name, indexed in (("matching_observations", "document"), ("ranked_observations", RANKED_PART))
+
+def _search_function(name: str, arguments: str, condition: str) -> str:
+    """A function returning the ids of the visible observations that meet `condition`. Its query
+    is planned at each call for the words it is given (EXECUTE): a plan made once for any words
+    would walk a common word's index as it walks a rare one's."""
+    body = f"SELECT id FROM {SCHEMA}.observations WHERE {condition} AND {_LOGIN_SEES}"
+    return f"""CREATE OR REPLACE FUNCTION {name}({arguments}) RETURNS SETOF bigint
+        LANGUAGE plpgsql STABLE ROWS 100 SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+        BEGIN RETURN QUERY EXECUTE {_literal(body)} USING query, ranked; END $$"""
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Row-level security keeps PostgreSQL from using an index for a condition whose operator is not
+# leakproof, and text search's `@@` is not: under the policies every search would read the
+# whole table. These functions run as the owner, so the word indexes serve, and return only
+# what the login (session_user) may see, as the policies would judge it.
+SEARCH_FUNCTIONS: tuple[str, ...] = (
+    _search_function("matching_observations", "query tsquery, ranked tsquery DEFAULT NULL", "document @@ $1"),
+    # The matches of `query` with a word of `ranked` in their title, facts or concepts.
+    _search_function("ranked_observations", "query tsquery, ranked tsquery", f"document @@ $1 AND {RANKED_PART} @@ $2"),
 )
 
 _FUNCTIONS = (
@@ -148,8 +162,8 @@ _GRANTS = (
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
     f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
-    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery), ranked_observations(tsquery)"
-    f" TO {AGENT_GROUP}",
+    "GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery, tsquery),"
+    f" ranked_observations(tsquery, tsquery) TO {AGENT_GROUP}",
 )
 
 
