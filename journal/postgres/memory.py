@@ -192,8 +192,9 @@ _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # Among matches of equal score: the newest saved first, as the SQLite store does (its index's
 # order, by id = journal position).
 _TIES = "o.id DESC"
-# Through the schema's functions, which can use the word indexes under row-level security.
-_RANKED = "o.id IN (SELECT ranked_observations(%(match)s::tsquery, %(any)s::tsquery))"
+_RANKED_WORDS = f"{RANKED_PART.replace('document', 'o.document')} @@ %(any)s::tsquery"
+# The matches with a phrase in a title or tags (see `_found`).
+_RANKED = "o.id = ANY(%(ranked)s)"
 
 Conn = psycopg.Connection[Any]
 
@@ -254,9 +255,26 @@ def search_sync(conn: Conn, query: SearchQuery, viewer: Caller) -> SearchPage:
         results, total = [], 0
     else:
         where, phrases = matching
-        total = _count(conn, where)
-        results = _match_page(conn, query, where, phrases, total) if query.offset < total else []
+        ids = [row[0] for row in conn.execute(f"SELECT o.id FROM observations o WHERE {where.sql()}", where.params)]
+        total = len(ids)
+        results = (
+            _match_page(conn, query, _found(conn, viewer, ids, where), phrases, total) if query.offset < total else []
+        )
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
+
+
+def _found(conn: Conn, viewer: Caller, ids: list[int], where: _Where) -> _Where:
+    """The matches, found once through the word index (a search's page queries would otherwise
+    each find them again), as a condition checked by primary key; with `ranked`, those among them
+    with a phrase in a title or tags, for `_RANKED`."""
+    titled = conn.execute(
+        f"SELECT o.id FROM observations o WHERE o.id = ANY(%(ids)s) AND {_RANKED_WORDS}",
+        {"ids": ids, "any": where.params["any"]},
+    )
+    ranked = {row[0] for row in titled}
+    found = _Where(viewer)
+    found.add("o.id = ANY(%(ids)s)", ids=ids, ranked=[i for i in ids if i in ranked])
+    return found
 
 
 # Up to this many visible matches with a phrase in a title or tags, scoring them all is as

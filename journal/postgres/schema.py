@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from toolbus.journal.postgres.memory import MEMORY_TABLES, RANKED_PART
+from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
 AGENT_GROUP = "toolbus_agent"
@@ -95,28 +95,21 @@ _LOGIN_SEES = (
 )
 
 
-def _search_function(name: str, arguments: str, condition: str) -> str:
-    """A function returning the ids of the visible observations that meet `condition`. Its query
-    is planned at each call for the words it is given (EXECUTE): a plan made once for any words
-    would walk a common word's index as it walks a rare one's."""
-    body = f"SELECT id FROM {SCHEMA}.observations WHERE {condition} AND {_LOGIN_SEES}"
-    return f"""CREATE OR REPLACE FUNCTION {name}({arguments}) RETURNS SETOF bigint
-        LANGUAGE plpgsql STABLE ROWS 100 SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
-        BEGIN RETURN QUERY EXECUTE {_literal(body)} USING query, ranked; END $$"""
-
-
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
 # Row-level security keeps PostgreSQL from using an index for a condition whose operator is not
 # leakproof, and text search's `@@` is not: under the policies every search would read the
-# whole table. These functions run as the owner, so the word indexes serve, and return only
-# what the login (session_user) may see, as the policies would judge it.
+# whole table. This function runs as the owner, so the word index serves, and returns only the
+# ids the login (session_user) may see, as the policies would judge it. Its query is planned at
+# each call for the words it is given (EXECUTE): a plan made once for any words would walk a
+# common word's index as it walks a rare one's.
+_MATCHING = f"SELECT id FROM {SCHEMA}.observations WHERE document @@ $1 AND {_LOGIN_SEES}"
 SEARCH_FUNCTIONS: tuple[str, ...] = (
-    _search_function("matching_observations", "query tsquery, ranked tsquery DEFAULT NULL", "document @@ $1"),
-    # The matches of `query` with a word of `ranked` in their title, facts or concepts.
-    _search_function("ranked_observations", "query tsquery, ranked tsquery", f"document @@ $1 AND {RANKED_PART} @@ $2"),
+    f"""CREATE OR REPLACE FUNCTION matching_observations(query tsquery) RETURNS SETOF bigint
+        LANGUAGE plpgsql STABLE ROWS 100 SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+        BEGIN RETURN QUERY EXECUTE {_literal(_MATCHING)} USING query; END $$""",
 )
 
 _FUNCTIONS = (
@@ -162,8 +155,7 @@ _GRANTS = (
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
     f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
-    "GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery, tsquery),"
-    f" ranked_observations(tsquery, tsquery) TO {AGENT_GROUP}",
+    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery) TO {AGENT_GROUP}",
 )
 
 
