@@ -26,8 +26,6 @@ from toolbus.journal.search_text import Phrase, query_phrases, searchable, token
 
 T = TypeVar("T")
 
-# Of the document, the words that weigh more than the text's (title A, facts and concepts B).
-RANKED_PART = "ts_filter(document, '{a,b}')"
 
 # Created by `journal.postgres.schema`, in the `toolbus` schema (connections set search_path).
 MEMORY_TABLES: tuple[str, ...] = (
@@ -50,8 +48,6 @@ MEMORY_TABLES: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS observations_document ON observations USING gin (document)",
     "CREATE INDEX IF NOT EXISTS observations_by_time ON observations (created_at_epoch, id)",
     "CREATE INDEX IF NOT EXISTS observations_by_project ON observations (project, created_at_epoch, id)",
-    # The words of titles, facts and concepts alone: the few matches that rank above the rest.
-    f"CREATE INDEX IF NOT EXISTS observations_ranked ON observations USING gin ({RANKED_PART})",
 )
 
 INSERT_OBSERVATION = (
@@ -192,7 +188,8 @@ _OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # Among matches of equal score: the newest saved first, as the SQLite store does (its index's
 # order, by id = journal position).
 _TIES = "o.id DESC"
-_RANKED_WORDS = f"{RANKED_PART.replace('document', 'o.document')} @@ %(any)s::tsquery"
+# A match with a phrase in its title, facts or concepts (the words weighing more than the text's).
+_RANKED_WORDS = "ts_filter(o.document, '{a,b}') @@ %(any)s::tsquery"
 # The matches with a phrase in a title or tags (see `_found`).
 _RANKED = "o.id = ANY(%(ranked)s)"
 
