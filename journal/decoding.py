@@ -1,14 +1,16 @@
-"""Rows of the journal's `commands` and `events` tables as the reader port returns them, the same
-for every backend (rows are read by column name: sqlite3.Row or a psycopg dict row)."""
+"""Rows of the journal's tables as the ports return them, the same for every backend: commands
+and events (read by column name: sqlite3.Row or a psycopg dict row), and the memory store's
+observations (read by position, in the column orders named here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from toolbus.bus import AuditEntry, StoredEvent, decode_event
+from toolbus.bus import AuditEntry, HistoryEntry, StoredEvent, decode_event
+from toolbus.bus.queries import Observations
 
 Row = Mapping[str, Any]
 
@@ -91,3 +93,48 @@ def json_or_text(text: str | None) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError:
         return text
+
+
+def history_entry(row: Row, event: StoredEvent) -> HistoryEntry:
+    """An event of a file's history with its command's columns (`c_tool`, `c_status`, `c_agent`,
+    `c_session`, `c_host`)."""
+    return HistoryEntry(
+        event=event,
+        tool=row["c_tool"],
+        status=row["c_status"],
+        agent=row["c_agent"],
+        session_id=row["c_session"],
+        host=row["c_host"],
+    )
+
+
+# --- memory rows -------------------------------------------------------------------------------
+
+# The `observations` columns a search or timeline lists (an `IndexRow`), and a full record's.
+INDEX_COLUMNS = "o.id, o.title, o.type, o.project, o.created_at_epoch, o.agent, o.visibility"
+FULL_COLUMNS = (
+    "o.id, o.title, o.text, o.type, o.project, o.memory_session_id, o.facts, o.concepts,"
+    " o.agent, o.department, o.visibility, o.created_at_epoch, o.extra"
+)
+_FULL_NAMES = tuple(column.strip().removeprefix("o.") for column in FULL_COLUMNS.split(","))
+_JSON_FIELDS = frozenset({"facts", "concepts"})
+NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
+OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
+
+
+def observations_in_order(wanted: list[int], rows: Iterable[Sequence[Any]]) -> Observations:
+    """Rows of `FULL_COLUMNS` as full records in the order `wanted`; the ids without a row missing."""
+    found = {record["id"]: record for record in map(_full_record, rows)}
+    return Observations(
+        observations=[found[i] for i in wanted if i in found],
+        missing=[i for i in wanted if i not in found],
+    )
+
+
+def _full_record(row: Sequence[Any]) -> dict[str, Any]:
+    record = dict(zip(_FULL_NAMES, row, strict=True))
+    for name in _JSON_FIELDS:
+        record[name] = msgspec.json.decode(record[name])
+    extra: dict[str, Any] = msgspec.json.decode(record.pop("extra"))
+    # Extra fields sit beside the named ones, but never replace them.
+    return record | {key: value for key, value in extra.items() if key not in record}

@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
 from toolbus.journal.rows import storable_row
 from toolbus.journal.search_text import Phrase, query_phrases, searchable, tokens
 
@@ -57,7 +58,6 @@ INSERT_OBSERVATION = (
 )
 
 _json = msgspec.json.Encoder()
-_decode = msgspec.json.decode
 
 
 def observation_params(position: int, event: ObservationSaved) -> tuple[object, ...]:
@@ -169,13 +169,6 @@ def _any_of(phrases: list[_Words]) -> str:
 
 # --- the query side ----------------------------------------------------------------------
 
-_INDEX_COLUMNS = "o.id, o.title, o.type, o.project, o.created_at_epoch, o.agent, o.visibility"
-_FULL_COLUMNS = (
-    "o.id, o.title, o.text, o.type, o.project, o.memory_session_id, o.facts, o.concepts,"
-    " o.agent, o.department, o.visibility, o.created_at_epoch, o.extra"
-)
-_FULL_NAMES = tuple(column.strip().removeprefix("o.") for column in _FULL_COLUMNS.split(","))
-_JSON_FIELDS = frozenset({"facts", "concepts"})
 # Who sees what; anything else (an unknown visibility) is seen by nobody. Row-level security
 # says the same, but the store does not count on it.
 _VISIBLE = (
@@ -183,8 +176,6 @@ _VISIBLE = (
     " OR (o.visibility = 'department' AND o.department = %(viewer_department)s)"
     " OR (o.visibility = 'private' AND o.agent = %(viewer_agent)s))"
 )
-_NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
-_OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # Among matches of equal score: the newest saved first, as the SQLite store does (its index's
 # order, by id = journal position).
 _TIES = "o.id DESC"
@@ -388,12 +379,12 @@ def _count(conn: Conn, where: _Where, up_to: int | None = None) -> int:
 
 
 def _date_order(query: SearchQuery) -> str:
-    return _OLDEST_FIRST if query.order_by == "date_asc" else _NEWEST_FIRST
+    return OLDEST_FIRST if query.order_by == "date_asc" else NEWEST_FIRST
 
 
 def _page(conn: Conn, where: _Where, order: str, limit: int, offset: int) -> list[IndexRow]:
     rows = conn.execute(
-        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f"SELECT {INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
         f" ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s",
         where.params | {"limit": limit, "offset": offset},
         prepare=False,  # a plan for these words: one for any words is often far slower
@@ -413,8 +404,8 @@ def timeline_sync(conn: Conn, query: TimelineQuery, viewer: Caller) -> TimelineP
     where.params |= {"at": anchor.created_at_epoch, "id": anchor.id}
     earlier = where.also("(o.created_at_epoch, o.id) < (%(at)s, %(id)s)")
     later = where.also("(o.created_at_epoch, o.id) > (%(at)s, %(id)s)")
-    before = _page(conn, earlier, _NEWEST_FIRST, query.depth_before, 0)
-    after = _page(conn, later, _OLDEST_FIRST, query.depth_after, 0)
+    before = _page(conn, earlier, NEWEST_FIRST, query.depth_before, 0)
+    after = _page(conn, later, OLDEST_FIRST, query.depth_after, 0)
     return TimelinePage(anchor=anchor.id, results=[*reversed(before), anchor, *after])
 
 
@@ -433,21 +424,8 @@ def get_observations_sync(conn: Conn, ids: list[int], viewer: Caller) -> Observa
     wanted = list(dict.fromkeys(ids))
     where = _Where(viewer)
     where.add("o.id = ANY(%(ids)s)", ids=wanted)
-    rows = conn.execute(f"SELECT {_FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
-    found = {record["id"]: record for record in map(_full_record, rows)}
-    return Observations(
-        observations=[found[i] for i in wanted if i in found],
-        missing=[i for i in wanted if i not in found],
-    )
-
-
-def _full_record(row: tuple[Any, ...]) -> dict[str, Any]:
-    record = dict(zip(_FULL_NAMES, row, strict=True))
-    for name in _JSON_FIELDS:
-        record[name] = _decode(record[name])
-    extra: dict[str, Any] = _decode(record.pop("extra"))
-    # Extra fields sit beside the named ones, but never replace them.
-    return record | {key: value for key, value in extra.items() if key not in record}
+    rows = conn.execute(f"SELECT {FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    return observations_in_order(wanted, rows)
 
 
 def _read(work: Callable[[Conn], T]) -> Callable[[Conn], T]:

@@ -20,7 +20,7 @@ from toolbus.bus import (
     StoredEvent,
     file_streams,
 )
-from toolbus.journal.decoding import audit_entry, decode_stored_events
+from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
 from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
@@ -55,17 +55,7 @@ class PostgresReader:
             " ORDER BY e.position DESC LIMIT %s"
         )
         rows = self._rows(sql, (list(file_streams(path)), host, host, limit))
-        return [
-            HistoryEntry(
-                event=event,
-                tool=row["c_tool"],
-                status=row["c_status"],
-                agent=row["c_agent"],
-                session_id=row["c_session"],
-                host=row["c_host"],
-            )
-            for row, event in zip(rows, self._stored(rows), strict=True)
-        ]
+        return [history_entry(row, event) for row, event in zip(rows, self._stored(rows), strict=True)]
 
     def event_at(self, position: int) -> StoredEvent:
         return self._one("position", position, str(position))

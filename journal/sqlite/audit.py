@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Any
 
 from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, file_streams
-from toolbus.journal.decoding import audit_entry, decode_stored_events
+from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.sqlite.schema import NOT_OK
 
 _BATCH = 200
@@ -182,17 +182,7 @@ def history(
     cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
     rows = cursor.fetchall()
-    return [
-        HistoryEntry(
-            event=event,
-            tool=row["c_tool"],
-            status=row["c_status"],
-            agent=row["c_agent"],
-            session_id=row["c_session"],
-            host=row["c_host"],
-        )
-        for row, event in zip(rows, stored_events(conn, rows), strict=True)
-    ]
+    return [history_entry(row, event) for row, event in zip(rows, stored_events(conn, rows), strict=True)]
 
 
 # --- single events and their text --------------------------------------------------------

@@ -25,6 +25,7 @@ import sqlite_utils
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
+from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
 from toolbus.journal.search_text import Phrase, query_phrases, searchable
 
 T = TypeVar("T")
@@ -70,7 +71,6 @@ _TABLES = (
 _DROP = tuple(f"DROP TABLE IF EXISTS {table}" for table in ("observations_fts", "observation_tallies", "observations"))
 
 _json = msgspec.json.Encoder()
-_decode = msgspec.json.decode
 
 
 def create_memory_tables(db: sqlite_utils.Database) -> None:
@@ -209,21 +209,12 @@ def _fts_string(phrase: Phrase) -> str:
 
 # --- the query side ----------------------------------------------------------------------
 
-_INDEX_COLUMNS = "o.id, o.title, o.type, o.project, o.created_at_epoch, o.agent, o.visibility"
-_FULL_COLUMNS = (
-    "o.id, o.title, o.text, o.type, o.project, o.memory_session_id, o.facts, o.concepts,"
-    " o.agent, o.department, o.visibility, o.created_at_epoch, o.extra"
-)
-_FULL_NAMES = tuple(column.strip().removeprefix("o.") for column in _FULL_COLUMNS.split(","))
-_JSON_FIELDS = frozenset({"facts", "concepts"})
 # Who sees what; anything else (an unknown visibility) is seen by nobody.
 _VISIBLE = (
     "(o.visibility IN ('public', 'project')"
     " OR (o.visibility = 'department' AND o.department = :viewer_department)"
     " OR (o.visibility = 'private' AND o.agent = :viewer_agent))"
 )
-_NEWEST_FIRST = "o.created_at_epoch DESC, o.id DESC"
-_OLDEST_FIRST = "o.created_at_epoch ASC, o.id ASC"
 # CROSS JOIN keeps the word index in the outer loop: a filter's index (project, time) would
 # otherwise tempt the planner into probing the word index once per row of the filter.
 _FTS_SOURCE = "observations_fts CROSS JOIN observations o ON o.id = observations_fts.rowid"
@@ -395,7 +386,7 @@ def _index_rows(conn: sqlite3.Connection, ids: list[int], viewer: Caller) -> lis
         return []
     where = _Where(viewer)
     where.add("o.id IN (SELECT value FROM json_each(:ids))", ids=_json.encode(ids).decode())
-    rows = conn.execute(f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    rows = conn.execute(f"SELECT {INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
     found = {row[0]: IndexRow(*row) for row in rows}
     return [found[i] for i in ids if i in found]
 
@@ -417,12 +408,12 @@ def _count(conn: sqlite3.Connection, source: str, where: _Where) -> int:
 
 
 def _date_order(query: SearchQuery) -> str:
-    return _OLDEST_FIRST if query.order_by == "date_asc" else _NEWEST_FIRST
+    return OLDEST_FIRST if query.order_by == "date_asc" else NEWEST_FIRST
 
 
 def _page(conn: sqlite3.Connection, source: str, where: _Where, order: str, query: SearchQuery) -> list[IndexRow]:
     rows = conn.execute(
-        f"SELECT {_INDEX_COLUMNS} FROM {source} WHERE {where.sql()} ORDER BY {order} LIMIT :limit OFFSET :offset",
+        f"SELECT {INDEX_COLUMNS} FROM {source} WHERE {where.sql()} ORDER BY {order} LIMIT :limit OFFSET :offset",
         where.params | {"limit": query.limit, "offset": query.offset},
     )
     return [IndexRow(*row) for row in rows]
@@ -444,13 +435,13 @@ def timeline_sync(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller
         where.add("o.project = :project", project=query.project)
     where.params |= {"at": anchor.created_at_epoch, "id": anchor.id}
     before = conn.execute(
-        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
-        f" AND (o.created_at_epoch, o.id) < (:at, :id) ORDER BY {_NEWEST_FIRST} LIMIT :n",
+        f"SELECT {INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f" AND (o.created_at_epoch, o.id) < (:at, :id) ORDER BY {NEWEST_FIRST} LIMIT :n",
         where.params | {"n": query.depth_before},
     ).fetchall()
     after = conn.execute(
-        f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
-        f" AND (o.created_at_epoch, o.id) > (:at, :id) ORDER BY {_OLDEST_FIRST} LIMIT :n",
+        f"SELECT {INDEX_COLUMNS} FROM observations o WHERE {where.sql()}"
+        f" AND (o.created_at_epoch, o.id) > (:at, :id) ORDER BY {OLDEST_FIRST} LIMIT :n",
         where.params | {"n": query.depth_after},
     ).fetchall()
     rows = [*(IndexRow(*row) for row in reversed(before)), anchor, *(IndexRow(*row) for row in after)]
@@ -461,7 +452,7 @@ def _anchor(conn: sqlite3.Connection, query: TimelineQuery, viewer: Caller) -> I
     if query.anchor is not None:
         where = _Where(viewer)
         where.add("o.id = :anchor", anchor=query.anchor)
-        row = conn.execute(f"SELECT {_INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+        row = conn.execute(f"SELECT {INDEX_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
         found = row.fetchone()
         return IndexRow(*found) if found else None
     best = SearchQuery(text=query.text, limit=1, project=query.project)
@@ -477,21 +468,8 @@ def get_observations_sync(conn: sqlite3.Connection, ids: list[int], viewer: Call
     wanted = list(dict.fromkeys(ids))
     where = _Where(viewer)
     where.add("o.id IN (SELECT value FROM json_each(:ids))", ids=_json.encode(wanted).decode())
-    rows = conn.execute(f"SELECT {_FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
-    found = {record["id"]: record for record in map(_full_record, rows)}
-    return Observations(
-        observations=[found[i] for i in wanted if i in found],
-        missing=[i for i in wanted if i not in found],
-    )
-
-
-def _full_record(row: tuple[Any, ...]) -> dict[str, Any]:
-    record = dict(zip(_FULL_NAMES, row, strict=True))
-    for name in _JSON_FIELDS:
-        record[name] = _decode(record[name])
-    extra: dict[str, Any] = _decode(record.pop("extra"))
-    # Extra fields sit beside the named ones, but never replace them.
-    return record | {key: value for key, value in extra.items() if key not in record}
+    rows = conn.execute(f"SELECT {FULL_COLUMNS} FROM observations o WHERE {where.sql()}", where.params)
+    return observations_in_order(wanted, rows)
 
 
 # Searches read observation rows and index pages scattered over the file. Mapped, SQLite
