@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from toolbus.bus import Caller, CommandRecord, Event, Status
+from toolbus.bus import Caller, CommandRecord, Event, ObservationSaved, Status
 from toolbus.bus.moments import iso_time
 
 _json = msgspec.json.Encoder()
@@ -125,3 +125,22 @@ def without_nul(value: str) -> str:
 def storable_row(row: tuple[object, ...]) -> tuple[object, ...]:
     """A row's text values `without_nul`."""
     return tuple(without_nul(value) if isinstance(value, str) else value for value in row)
+
+
+def observation_row(position: int, event: ObservationSaved) -> tuple[int | str, ...]:
+    """An `observations` row (id = its event's journal position), in `decoding.FULL_COLUMNS`' order."""
+    return (
+        position,
+        event.title,
+        event.text,
+        event.type,
+        event.project,
+        event.memory_session_id,
+        _json.encode(event.facts).decode(),
+        _json.encode(event.concepts).decode(),
+        event.agent,
+        event.department,
+        event.visibility,
+        event.created_at_epoch,
+        _json.encode(event.extra).decode(),
+    )

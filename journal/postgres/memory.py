@@ -15,14 +15,13 @@ import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-import msgspec
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
-from toolbus.journal.rows import storable_row
+from toolbus.journal.rows import observation_row, storable_row
 from toolbus.journal.search_text import Phrase, query_phrases, searchable, tokens
 
 T = TypeVar("T")
@@ -57,7 +56,6 @@ INSERT_OBSERVATION = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)"
 )
 
-_json = msgspec.json.Encoder()
 
 
 def observation_params(position: int, event: ObservationSaved) -> tuple[object, ...]:
@@ -66,19 +64,7 @@ def observation_params(position: int, event: ObservationSaved) -> tuple[object, 
     tags = "\n".join([*event.facts, *event.concepts])  # one column, as in the SQLite index
     return storable_row(
         (
-            position,
-            event.title,
-            event.text,
-            event.type,
-            event.project,
-            event.memory_session_id,
-            _json.encode(event.facts).decode(),
-            _json.encode(event.concepts).decode(),
-            event.agent,
-            event.department,
-            event.visibility,
-            event.created_at_epoch,
-            _json.encode(event.extra).decode(),
+            *observation_row(position, event),
             document((event.title, "A"), (tags, "B"), (event.text, "D")),
         )
     )

@@ -26,6 +26,7 @@ import sqlite_utils
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
+from toolbus.journal.rows import observation_row
 from toolbus.journal.search_text import Phrase, query_phrases, searchable
 
 T = TypeVar("T")
@@ -115,7 +116,7 @@ Audience = tuple[str, str, str, str, str]  # a tally's key: project, type, visib
 
 def apply_observation(conn: sqlite3.Connection, position: int, event: ObservationSaved) -> None:
     """Project one saved observation (id = its event's journal position) into the store."""
-    conn.execute(_INSERT_ROW, _row(position, event))
+    conn.execute(_INSERT_ROW, observation_row(position, event))
     conn.execute(_INSERT_INDEXED, _indexed(position, event))
     conn.execute(_ADD_TO_TALLY, (*_audience(event), 1))
 
@@ -144,7 +145,7 @@ def _load_batches(
     tallies: Counter[Audience] = Counter()
     count = 0
     while batch := list(itertools.islice(source, _BATCH)):
-        conn.executemany(_INSERT_ROW, [_row(position, event) for position, event in batch])
+        conn.executemany(_INSERT_ROW, [observation_row(position, event) for position, event in batch])
         conn.executemany(_INSERT_INDEXED, [_indexed(position, event) for position, event in batch])
         tallies.update(map(_audience, [event for _, event in batch]))
         count += len(batch)
@@ -153,24 +154,6 @@ def _load_batches(
 
 def _set_index_option(conn: sqlite3.Connection, name: str, value: int) -> None:
     conn.execute("INSERT INTO observations_fts (observations_fts, rank) VALUES (?, ?)", (name, value))
-
-
-def _row(position: int, event: ObservationSaved) -> tuple[int | str, ...]:
-    return (
-        position,
-        event.title,
-        event.text,
-        event.type,
-        event.project,
-        event.memory_session_id,
-        _json.encode(event.facts).decode(),
-        _json.encode(event.concepts).decode(),
-        event.agent,
-        event.department,
-        event.visibility,
-        event.created_at_epoch,
-        _json.encode(event.extra).decode(),
-    )
 
 
 def _indexed(position: int, event: ObservationSaved) -> tuple[int, str, str, str]:
