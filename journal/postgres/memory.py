@@ -229,25 +229,24 @@ def search_sync(conn: Conn, query: SearchQuery, viewer: Caller) -> SearchPage:
         results, total = [], 0
     else:
         where, phrases = matching
-        ids = [row[0] for row in conn.execute(f"SELECT o.id FROM observations o WHERE {where.sql()}", where.params)]
-        total = len(ids)
-        results = (
-            _match_page(conn, query, _found(conn, viewer, ids, where), phrases, total) if query.offset < total else []
-        )
+        found = _found(conn, viewer, where)
+        total = len(found.params["ids"])
+        results = _match_page(conn, query, found, phrases, total) if query.offset < total else []
     return SearchPage(results=results, total=total, limit=query.limit, offset=query.offset)
 
 
-def _found(conn: Conn, viewer: Caller, ids: list[int], where: _Where) -> _Where:
+def _found(conn: Conn, viewer: Caller, where: _Where) -> _Where:
     """The matches, found once through the word index (a search's page queries would otherwise
-    each find them again), as a condition checked by primary key; with `ranked`, those among them
-    with a phrase in a title or tags, for `_RANKED`."""
-    titled = conn.execute(
-        f"SELECT o.id FROM observations o WHERE o.id = ANY(%(ids)s) AND {_RANKED_WORDS}",
-        {"ids": ids, "any": where.params["any"]},
-    )
-    ranked = {row[0] for row in titled}
+    each find them again), as a condition checked by primary key; with `ranked`, those among
+    them with a phrase in a title or tags, for `_RANKED`. One statement reads both."""
+    rows = conn.execute(f"SELECT o.id, {_RANKED_WORDS} FROM observations o WHERE {where.sql()}", where.params)
+    ids, ranked = [], []
+    for observation_id, titled in rows:
+        ids.append(observation_id)
+        if titled:
+            ranked.append(observation_id)
     found = _Where(viewer)
-    found.add("o.id = ANY(%(ids)s)", ids=ids, ranked=[i for i in ids if i in ranked])
+    found.add("o.id = ANY(%(ids)s)", ids=ids, ranked=ranked)
     return found
 
 
