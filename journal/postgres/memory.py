@@ -264,19 +264,17 @@ _WALK_FROM = 2000
 
 
 def _match_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Words], total: int) -> list[IndexRow]:
-    """One page of the visible matches, in the order asked. Only matches with a phrase in a
-    title or tags score above the least (the number of phrases), and they are few: they are
-    scored, found through their own index; the rest follow newest first, never scored."""
+    """One page of the visible matches (`where`, as `_found` gives them), in the order asked.
+    Only matches with a phrase in a title or tags score above the least (the number of
+    phrases), and they are few: they are scored; the rest follow newest first, never scored."""
     if query.order_by != "relevance":
         return _page(conn, where, _date_order(query), query.limit, query.offset)
     ties = _TIES if total >= _WALK_FROM else "o.id + 0 DESC"
     score, scores = _score(phrases)
     ranked = where.also(_RANKED, **scores)
-    above = _count(conn, ranked, RANK_ALL_UP_TO + 1)
+    above = len(where.params["ranked"])  # `_found` read them
     if above > RANK_ALL_UP_TO and len(phrases) <= _LEVELLED_PHRASES:
         return _levelled_page(conn, query, where, phrases, ties)
-    if above > RANK_ALL_UP_TO:
-        above = _count(conn, ranked)
     page: list[IndexRow] = []
     if query.offset < above:
         page = _page(conn, ranked, f"{score} DESC, {_TIES}", query.limit, query.offset)
@@ -354,12 +352,9 @@ def _list(conn: Conn, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow
     return results, _count(conn, where)
 
 
-def _count(conn: Conn, where: _Where, up_to: int | None = None) -> int:
-    """How many rows match, or `up_to` when there are at least that many (found sooner)."""
-    rows = f"SELECT 1 FROM observations o WHERE {where.sql()}"
-    if up_to is not None:
-        rows += f" LIMIT {int(up_to)}"
-    row = conn.execute(f"SELECT count(*) FROM ({rows}) AS matches", where.params, prepare=False).fetchone()
+def _count(conn: Conn, where: _Where) -> int:
+    """How many rows match."""
+    row = conn.execute(f"SELECT count(*) FROM observations o WHERE {where.sql()}", where.params, prepare=False).fetchone()
     return int(row[0]) if row else 0
 
 
