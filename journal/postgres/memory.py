@@ -57,7 +57,6 @@ INSERT_OBSERVATION = (
 )
 
 
-
 def observation_params(position: int, event: ObservationSaved) -> tuple[object, ...]:
     """The parameters of `INSERT_OBSERVATION` for one saved observation (id = its event's
     journal position)."""
@@ -354,7 +353,9 @@ def _list(conn: Conn, query: SearchQuery, viewer: Caller) -> tuple[list[IndexRow
 
 def _count(conn: Conn, where: _Where) -> int:
     """How many rows match."""
-    row = conn.execute(f"SELECT count(*) FROM observations o WHERE {where.sql()}", where.params, prepare=False).fetchone()
+    row = conn.execute(
+        f"SELECT count(*) FROM observations o WHERE {where.sql()}", where.params, prepare=False
+    ).fetchone()
     return int(row[0]) if row else 0
 
 
