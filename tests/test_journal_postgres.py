@@ -102,7 +102,7 @@ def test_row_level_security_shows_each_agent_only_what_it_may_see(team: Team) ->
             commands = conn.execute("SELECT count(*) FROM commands").fetchone()
             texts = conn.execute("SELECT count(*) FROM blobs").fetchone()
             # The search's functions, which run as the owner, find only what the login may see too.
-            found = {row[0] for row in conn.execute("SELECT matching_observations('note'::tsquery)")}
+            found = {row[0] for row in conn.execute("SELECT id FROM matching_observations('note', 'note')")}
             assert found == {row[0] for row in conn.execute("SELECT id FROM observations")}, name
         if name != "alice":
             assert commands == (0,) and texts == (0,), name  # another's commands and texts: never

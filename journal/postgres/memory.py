@@ -164,8 +164,6 @@ _VISIBLE = (
 # Among matches of equal score: the newest saved first, as the SQLite store does (its index's
 # order, by id = journal position).
 _TIES = "o.id DESC"
-# A match with a phrase in its title, facts or concepts (the words weighing more than the text's).
-_RANKED_WORDS = "ts_filter(o.document, '{a,b}') @@ %(any)s::tsquery"
 # The matches with a phrase in a title or tags (see `_found`).
 _RANKED = "o.id = ANY(%(ranked)s)"
 
@@ -208,15 +206,13 @@ def _search_where(query: SearchQuery, viewer: Caller) -> _Where:
 
 
 def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[_Words]] | None:
-    """The conditions of a search with words and its phrases, or None when its words can
-    match nothing."""
+    """The filters of a search with words (its tsqueries, `match` and `any`, among their
+    parameters, for `_found`) and its phrases, or None when its words can match nothing."""
     phrases = _words(query.text or "")
     if not phrases:
         return None
     where = _search_where(query, viewer)
-    where.add(
-        "o.id IN (SELECT matching_observations(%(match)s::tsquery))", match=_all_of(phrases), any=_any_of(phrases)
-    )
+    where.params |= {"match": _all_of(phrases), "any": _any_of(phrases)}
     return where, phrases
 
 
@@ -235,10 +231,14 @@ def search_sync(conn: Conn, query: SearchQuery, viewer: Caller) -> SearchPage:
 
 
 def _found(conn: Conn, viewer: Caller, where: _Where) -> _Where:
-    """The matches, found once through the word index (a search's page queries would otherwise
-    each find them again), as a condition checked by primary key; with `ranked`, those among
-    them with a phrase in a title or tags, for `_RANKED`. One statement reads both."""
-    rows = conn.execute(f"SELECT o.id, {_RANKED_WORDS} FROM observations o WHERE {where.sql()}", where.params)
+    """The matches, found once through the word index by the schema's `matching_observations`
+    (a search's page queries would otherwise each find them again), as a condition checked by
+    primary key; with `ranked`, those among them with a phrase in a title or tags, for `_RANKED`."""
+    rows = conn.execute(
+        f"SELECT o.id, o.titled FROM matching_observations(%(match)s::tsquery, %(any)s::tsquery) AS o"
+        f" WHERE {where.sql()}",
+        where.params,
+    )
     ids, ranked = [], []
     for observation_id, titled in rows:
         ids.append(observation_id)

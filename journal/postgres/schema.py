@@ -102,14 +102,20 @@ def _literal(text: str) -> str:
 # Row-level security keeps PostgreSQL from using an index for a condition whose operator is not
 # leakproof, and text search's `@@` is not: under the policies every search would read the
 # whole table. This function runs as the owner, so the word index serves, and returns only the
-# ids the login (session_user) may see, as the policies would judge it. Its query is planned at
-# each call for the words it is given (EXECUTE): a plan made once for any words would walk a
-# common word's index as it walks a rare one's.
-_MATCHING = f"SELECT id FROM {SCHEMA}.observations WHERE document @@ $1 AND {_LOGIN_SEES}"
+# observations the login (session_user) may see, as the policies would judge it: the columns a
+# search filters on, and whether `ranked` is in the title, facts or concepts, so the rows are
+# read once. Its query is planned at each call for the words it is given (EXECUTE): a plan made
+# once for any words would walk a common word's index as it walks a rare one's.
+_MATCHING = (
+    "SELECT id, type, project, created_at_epoch, agent, department, visibility,"
+    f" ts_filter(document, '{{a,b}}') @@ $2 FROM {SCHEMA}.observations WHERE document @@ $1 AND {_LOGIN_SEES}"
+)
 SEARCH_FUNCTIONS: tuple[str, ...] = (
-    f"""CREATE OR REPLACE FUNCTION matching_observations(query tsquery) RETURNS SETOF bigint
-        LANGUAGE plpgsql STABLE ROWS 100 SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
-        BEGIN RETURN QUERY EXECUTE {_literal(_MATCHING)} USING query; END $$""",
+    f"""CREATE OR REPLACE FUNCTION matching_observations(query tsquery, ranked tsquery) RETURNS TABLE (
+            id bigint, type text, project text, created_at_epoch bigint, agent text, department text,
+            visibility text, titled boolean
+        ) LANGUAGE plpgsql STABLE ROWS 100 SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+        BEGIN RETURN QUERY EXECUTE {_literal(_MATCHING)} USING query, ranked; END $$""",
 )
 
 _FUNCTIONS = (
@@ -155,7 +161,7 @@ _GRANTS = (
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
     f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
-    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery) TO {AGENT_GROUP}",
+    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery, tsquery) TO {AGENT_GROUP}",
 )
 
 
