@@ -278,8 +278,12 @@ def _match_page(conn: Conn, query: SearchQuery, where: _Where, phrases: list[_Wo
     if query.offset < above:
         page = _page(conn, ranked, f"{score} DESC, {_TIES}", query.limit, query.offset)
     if len(page) < query.limit:
-        rest = where.also(f"NOT {_RANKED}")
-        page += _page(conn, rest, ties, query.limit - len(page), max(0, query.offset - above))
+        # The rest, newest first (ties: by id), chosen from the ids in hand: only the page's rows are read.
+        titled = set(where.params["ranked"])
+        rest = sorted((i for i in where.params["ids"] if i not in titled), reverse=True)
+        start = max(0, query.offset - above)
+        chosen = rest[start : start + query.limit - len(page)]
+        page += _page(conn, where.also("o.id = ANY(%(chosen)s)", chosen=chosen), _TIES, len(chosen), 0)
     return page
 
 
