@@ -3,6 +3,7 @@ from the login, visibility and append-only rows enforced by the database, idempo
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -148,14 +149,53 @@ def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) 
                 (alices_command,),
             ),
         ]
+        event = (
+            "INSERT INTO events (event_id, type, version, stream, recorded_at, data, agent, department, visibility)"
+            " VALUES (%s, %s, 1, %s, '2026', %s, current_user, 'platform', %s)"
+        )
+        attempts += [
+            # Another's file history, in one's own name: an editor event is its agent's alone.
+            (event, ("e4", "DocumentSaved", "file:/src/alice.py", '{"path": "/src/alice.py"}', "public")),
+            # A note whose data names another agent (a rebuild of the memory would believe it).
+            (
+                event,
+                (
+                    "e5",
+                    "ObservationSaved",
+                    "memory:x",
+                    json.dumps({"agent": alice, "department": "platform", "visibility": "public"}),
+                    "public",
+                ),
+            ),
+            # A projection of an event that is not one's own observation: alice's note, alice's save.
+            *(
+                (
+                    "INSERT INTO observations (id, title, text, type, project, memory_session_id, facts, concepts,"
+                    " agent, department, visibility, created_at_epoch, extra, document)"
+                    " VALUES (%s, 't', 't', 'x', 'p', 's', '[]', '[]', current_user, 'platform', 'public', 0, '{}',"
+                    " '')",
+                    (positions[key],),
+                )
+                for key in ("private", "save")
+            ),
+            # A text under a hash that is not its own.
+            ("INSERT INTO blobs (hash, agent, size, content) VALUES (%s, current_user, 1, 'x')", ("0" * 64,)),
+        ]
         for sql, params in attempts:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.CheckViolation)):
                 conn.execute(sql, params)
+        # A finished command of its own is history: its status cannot be rewritten either.
+        [(bobs,)] = conn.execute(
+            "INSERT INTO commands (tool, arguments, agent, department, received_at, status)"
+            " VALUES ('x', '{}', current_user, 'platform', '2026', 'ok') RETURNING id"
+        ).fetchall()
+        assert conn.execute("UPDATE commands SET status = 'failed' WHERE id = %s", (bobs,)).rowcount == 0
         # An agent may finish its own commands: another's it cannot even find.
         assert conn.execute("UPDATE commands SET status = 'failed'").rowcount == 0
     with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
         assert admin.execute("SELECT count(*) FROM events").fetchone() == (5,)
         assert {row[0] for row in admin.execute("SELECT status FROM commands")} == {"ok"}
+        assert admin.execute("SELECT count(*) FROM observations").fetchone() == (4,)
 
 
 def test_a_retried_transaction_appends_nothing_twice(team: Team) -> None:

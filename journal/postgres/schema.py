@@ -6,10 +6,14 @@ registers (`register_agent`), members of the `toolbus_agent` group role that hol
 privileges. Row-level security makes the database itself enforce what an agent may see
 and write, whatever client it uses:
 
-- an agent reads its own commands, events and blobs, and the observations (and their events)
-  that their visibility shows it: public and project ones, its department's, its own;
-- it writes only in its own name and department, and never updates or deletes an event,
-  a blob or an observation (it may finish its own command: status, error and timing only).
+- an agent reads its own commands, events and blobs, and the observations (and the events
+  that saved them) that their visibility shows it: public and project ones, its department's,
+  its own; every other event is its agent's alone;
+- it writes only in its own name and department (an observation's event says so in its data
+  too, and its projection must be of that event), and never updates or deletes an event, a
+  blob or an observation; it may finish its own command under way (status, error and timing),
+  not rewrite a finished one;
+- a blob's hash is checked against its content.
 
 One gapless order of events across machines: a trigger gives each new event the next
 position under a transaction-scoped advisory lock, held until commit, so positions commit
@@ -78,7 +82,7 @@ _TABLES = (
         hash text NOT NULL,  -- SHA-256 of the content
         agent text NOT NULL,  -- each agent keeps its own copy: a text is only its keeper's to read
         size integer NOT NULL,
-        content bytea NOT NULL,
+        content bytea NOT NULL CHECK (hash = encode(sha256(content), 'hex')),
         PRIMARY KEY (hash, agent)
     )""",
 )
@@ -140,23 +144,41 @@ _SEES = (
     " OR (visibility = 'department' AND department = (SELECT my_department())))"
 )
 _IN_OWN_NAME = "agent = current_user AND department = (SELECT my_department())"
+# An observation's event says in its data whose it is and who sees it: the same as its columns,
+# which the policies check (a rebuild of the memory reads the data). Any other event is private.
+_EVENT_OWNED_AS_SAID = (
+    "(type <> 'ObservationSaved' AND visibility = 'private')"
+    " OR (type = 'ObservationSaved' AND data::jsonb ->> 'agent' = agent"
+    " AND data::jsonb ->> 'department' = department AND data::jsonb ->> 'visibility' = visibility)"
+)
 _POLICIES = {
     "commands": {
         "SELECT": "USING (agent = current_user)",
         "INSERT": f"WITH CHECK ({_IN_OWN_NAME})",
-        "UPDATE": "USING (agent = current_user) WITH CHECK (agent = current_user)",
+        # Finishing its own command under way: a finished one is history, not to be rewritten.
+        "UPDATE": "USING (agent = current_user AND status = 'in_doubt') WITH CHECK (agent = current_user)",
     },
     "events": {
-        "SELECT": f"USING (agent = current_user OR {_SEES})",
+        # Another agent's event only if it saved an observation this agent may see.
+        "SELECT": f"USING (agent = current_user OR (type = 'ObservationSaved' AND {_SEES}))",
         # An event joins only a command of its own agent (the subquery sees no other). Correlated,
         # so it is one lookup by primary key, not a read of every command the agent has.
-        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND (command_id IS NULL"
+        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND ({_EVENT_OWNED_AS_SAID}) AND (command_id IS NULL"
         " OR EXISTS (SELECT 1 FROM commands AS c WHERE c.id = command_id)))",
     },
     "blobs": {"SELECT": "USING (agent = current_user)", "INSERT": "WITH CHECK (agent = current_user)"},
-    "observations": {"SELECT": f"USING {_SEES}", "INSERT": f"WITH CHECK ({_IN_OWN_NAME})"},
+    "observations": {
+        "SELECT": f"USING {_SEES}",
+        # Only the projection of its own ObservationSaved event, as the same agent, department
+        # and visibility (checked before the keys, so a probe learns nothing of others' ids).
+        "INSERT": f"WITH CHECK ({_IN_OWN_NAME} AND EXISTS (SELECT 1 FROM events AS e WHERE e.position = id"
+        " AND e.type = 'ObservationSaved' AND e.agent = observations.agent"
+        " AND e.department = observations.department AND e.visibility = observations.visibility))",
+    },
 }
 _GRANTS = (
+    # The functions run as the owner: only agents may call them (PostgreSQL lets anyone by default).
+    "REVOKE EXECUTE ON FUNCTION next_position(), my_department(), matching_observations(tsquery, tsquery) FROM PUBLIC",
     f"GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_GROUP}",
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
