@@ -230,3 +230,18 @@ def test_the_password_never_appears_in_an_error(team: Team) -> None:
     with pytest.raises(JournalUnavailable) as raised:
         PostgresJournal(url)
     assert "s3cret" not in str(raised.value) and "no_such_database" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bob:Sup3r%zzSecret@localhost/db",
+        "postgresql://bob:Sup3r Secret@localhost/db",
+        "postgresql://bob:Sup3rSecret@[::1/db",
+    ],
+)
+def test_a_url_libpq_cannot_read_is_refused_without_quoting_it(url: str) -> None:
+    with pytest.raises(JournalUnavailable) as raised:
+        PostgresJournal(url)
+    assert "Sup3r" not in str(raised.value) and raised.value.__cause__ is None
+    assert "cannot be read" in str(raised.value)

@@ -222,3 +222,39 @@ async def test_replay_memory_rebuilds_a_team_journal_and_check_finds_it_whole(te
     ]
     async with toolbus(team.url("bob"), None) as bob:
         assert await titles(bob, "note") == ["note 0", "note 1", "note 2"]
+
+
+async def test_a_lock_held_by_another_session_fails_a_save_in_seconds_not_never(team: Team) -> None:
+    from toolbus.journal.postgres.schema import APPEND_LOCK
+
+    async with toolbus(team.url("alice"), None) as alice:
+        await save_note(alice, "before", "project")
+        with team.sql("bob") as bob:  # a stray session holding the append lock, as any role can
+            bob.execute("SELECT pg_advisory_lock(%s)", (APPEND_LOCK,))
+            with anyio.fail_after(20):
+                result = await alice.call_tool("save", {"title": "blocked", "text": "x"})
+            assert result.is_error and "lock timeout" in text_of(result)
+            bob.execute("SELECT pg_advisory_unlock(%s)", (APPEND_LOCK,))
+        await save_note(alice, "after", "project")
+    titles = sorted(row[0] for row in admin_rows(team, "SELECT title FROM observations"))
+    assert titles == ["after", "before"]
+
+
+async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Team) -> None:
+    import os
+    import signal
+
+    async with toolbus(team.url("alice"), None) as alice:
+        await save_note(alice, "before", "project")
+        [(backend,)] = admin_rows(
+            team,
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = 'toolbus'",
+            team.roles["alice"],
+        )
+        os.kill(backend, signal.SIGSTOP)  # alive, silent
+        try:
+            with anyio.fail_after(30):
+                result = await alice.call_tool("search", {"query": "before"})
+            assert result.is_error and "did not answer within" in text_of(result)
+        finally:
+            os.kill(backend, signal.SIGCONT)

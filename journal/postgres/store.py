@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
@@ -34,22 +35,45 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 log = logging.getLogger("toolbus.journal")
 
 CONNECT_TIMEOUT = 5  # seconds: a server that is down is reported, never waited on
+# A lock held by another session (an agent's open transaction, a stray advisory lock) fails a
+# write after this long instead of blocking it; and a call waits this long at most for a server
+# that does not answer at all (stopped, or its machine gone).
+LOCK_TIMEOUT = 5
+ANSWER_TIMEOUT = 10
+# Every session reads its own appends in READ COMMITTED, whatever the database's default: the
+# position trigger's max() must see the newest commit (a REPEATABLE READ snapshot would not).
+_OPTIONS = (
+    f"-c search_path={SCHEMA} -c lock_timeout={LOCK_TIMEOUT * 1000}"
+    " -c default_transaction_isolation=read\\ committed"
+)
 _PRIVATE = "private"  # the visibility of every event but an observation's
 
 
 def connect(url: str) -> Connection:
     """A connection in autocommit mode (transactions are explicit) with the journal's schema
-    on its search path; `JournalUnavailable` (password-free) when the server cannot be reached."""
+    on its search path; `JournalUnavailable` when the server cannot be reached. libpq's own
+    words about a URL it cannot read may quote the password: those are never repeated."""
+    try:
+        conninfo_to_dict(url)
+    except psycopg.Error:
+        raise JournalUnavailable(
+            f"the team journal's URL cannot be read ({shown(url)}): a password or name holding "
+            "special characters must be percent-encoded"
+        ) from None
     try:
         return psycopg.connect(
             url,
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT,
             application_name="toolbus",
-            options=f"-c search_path={SCHEMA}",
+            options=_OPTIONS,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=2,
+            tcp_user_timeout=ANSWER_TIMEOUT * 1000,
         )
     except psycopg.Error as error:
-        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {_reason(error)}") from error
+        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {_reason(error)}") from None
 
 
 def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
@@ -75,9 +99,11 @@ def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
 
 
 def _reason(error: psycopg.Error) -> str:
-    """What went wrong, in PostgreSQL's words (which never hold the password)."""
-    text = str(error).strip().splitlines()
-    return text[-1] if text else type(error).__name__
+    """What went wrong, in PostgreSQL's words (for a URL libpq could read: they do not quote it)."""
+    if primary := error.diag.message_primary:
+        return primary
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 class PostgresJournal:
@@ -127,14 +153,21 @@ class PostgresJournal:
 
     async def run(self, work: Callable[[Connection], T]) -> T:
         """`run_sync` on the journal's own thread, shielded: once handed over, the work
-        completes and its outcome is awaited even if the caller is cancelled."""
+        completes and its outcome is awaited even if the caller is cancelled; but not for
+        longer than `ANSWER_TIMEOUT`, when the server has stopped answering."""
         import anyio
 
         if self._worker is None:
             self._worker = Worker()
         future = self._worker.submit(self.run_sync, work)
-        with anyio.CancelScope(shield=True):
-            return await future
+        try:
+            with anyio.fail_after(ANSWER_TIMEOUT, shield=True):
+                return await future
+        except TimeoutError:
+            raise JournalUnavailable(
+                f"the team journal at {self.location} did not answer within {ANSWER_TIMEOUT} s; "
+                "what this call sent may yet be recorded (toolbus audit shows it)"
+            ) from None
 
     def close(self) -> None:
         if self._worker is not None:
