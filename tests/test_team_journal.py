@@ -120,7 +120,7 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
 def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     local = tmp_path / "journal.db"
     writer = SqliteJournal(local)
-    me = Caller(agent="legacy", department="default")
+    me = Caller(agent="legacy", department="default", host="laptop")
     save, blobs = saved("/src/a.py", b"before\n", b"after\n")
 
     async def work() -> None:
@@ -139,14 +139,21 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     assert "copied 0 commands" in again.stdout and "2 were there already" in again.stdout
     alice = team.roles["alice"]
     assert admin_rows(team, "SELECT agent, title FROM observations") == [(alice, "local note")]
-    assert admin_rows(team, "SELECT DISTINCT agent FROM commands") == [(alice,)]
-    history = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json")
+    assert admin_rows(team, "SELECT DISTINCT agent, host FROM commands") == [(alice, "laptop")]
+    here = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json")
+    assert here.returncode == 0 and here.stdout == ""  # the laptop's history, not this machine's
+    history = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json", "--host", "laptop")
     assert history.returncode == 0, history.stderr
     assert '"DocumentSaved"' in history.stdout
     recovered = cli(
         "recover", str(admin_rows(team, "SELECT max(position) FROM events")[0][0]), "--journal", team.url("alice")
     )
     assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
+    # Bob copies the same journal: alice's copy brought it; he sees none of it, and adds nothing.
+    by_bob = cli("journal", "copy", str(local), team.url("bob"))
+    assert by_bob.returncode == 0 and "copied 0 commands" in by_bob.stdout, by_bob.stderr
+    assert "2 were there already" in by_bob.stdout
+    assert admin_rows(team, "SELECT count(*) FROM commands") == [(2,)]
 
 
 @pytest.mark.heavy

@@ -28,7 +28,7 @@ from toolbus.bus import (
     decode_event,
 )
 from toolbus.bus.moments import epoch_ns, parse_iso
-from toolbus.journal.postgres.store import Connection, PostgresJournal, insert_outcome
+from toolbus.journal.postgres.store import AlreadyRecorded, Connection, PostgresJournal, insert_outcome
 from toolbus.journal.rows import Outcome
 
 _BATCH = 500  # commands per transaction
@@ -72,10 +72,15 @@ def _prepared(source: JournalReader, entry: AuditEntry, as_login: Caller | None)
         client_name=entry.client_name,
         client_version=entry.client_version,
         session_id=entry.session_id,
+        host=entry.host,
     )
     if as_login is not None:
         caller = msgspec.structs.replace(
-            as_login, client_name=entry.client_name, client_version=entry.client_version, session_id=entry.session_id
+            as_login,
+            client_name=entry.client_name,
+            client_version=entry.client_version,
+            session_id=entry.session_id,
+            host=entry.host,
         )
     events = [_in_name_of(_event(stored.type, stored.data), as_login) for stored in entry.events]
     blobs = {digest: text for stored in entry.events for digest in stored.blobs if (text := source.blob(digest))}
@@ -103,12 +108,18 @@ def _in_name_of(event: Event, as_login: Caller | None) -> Event:
 
 
 def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> Iterator[tuple[bool, Outcome]]:
-    """Each command of the batch, and whether it was copied now (False: an earlier copy did)."""
+    """Each command of the batch, and whether it was copied now (False: an earlier copy did,
+    this login's or another's)."""
     with conn.transaction():
         results = []
         for outcome, key, ids, finished_ns in prepared:
             exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (key,)).fetchone()
-            if exists is None:
-                insert_outcome(conn, outcome, None, key, ids, finished_ns)
-            results.append((exists is None, outcome))
+            copied = exists is None
+            if copied:
+                try:
+                    with conn.transaction():  # a savepoint: a row only another login sees undoes this one alone
+                        insert_outcome(conn, outcome, None, key, ids, finished_ns)
+                except AlreadyRecorded:
+                    copied = False
+            results.append((copied, outcome))
     return iter(results)

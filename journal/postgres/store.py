@@ -106,6 +106,11 @@ def _reason(error: psycopg.Error) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+class AlreadyRecorded(JournalUnavailable):
+    """A row with this key or event id exists, but this login may not see it: another agent's
+    (or the admin's) copy of the same journal brought it first."""
+
+
 class PostgresJournal:
     """`bus.JournalWriter` on a PostgreSQL database initialised by `toolbus journal init`.
 
@@ -296,7 +301,8 @@ def _insert_command(
     inserted = conn.execute(_INSERT_COMMAND, (key, *storable_row(row))).fetchone()
     if inserted is None:  # sent before, by a commit whose answer was lost
         inserted = conn.execute("SELECT id FROM commands WHERE request_key = %s", (key,)).fetchone()
-    assert inserted is not None
+    if inserted is None:
+        raise AlreadyRecorded("the command is in the team journal already, under another login")
     return int(inserted[0])
 
 
@@ -340,7 +346,8 @@ def _append(
         inserted = conn.execute(_INSERT_EVENT, storable_row(row)).fetchone()
         if inserted is None:  # written by an earlier attempt of this very transaction
             found = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
-            assert found is not None
+            if found is None:
+                raise AlreadyRecorded(f"the event {event_id} is in the team journal already, under another login")
             positions.append(int(found[0]))
             continue
         position = int(inserted[0])
