@@ -109,6 +109,12 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert done.returncode == 0, done.stderr
         role_department = admin_rows(team, "SELECT department FROM agents WHERE role = %s", f"erin_{team.database}")
         assert role_department == [("sales",)]
+        [(settings,)] = admin_rows(
+            team,
+            "SELECT setconfig FROM pg_db_role_setting WHERE setrole = (SELECT oid FROM pg_roles WHERE rolname = %s)",
+            f"erin_{team.database}",
+        )
+        assert "idle_in_transaction_session_timeout=30s" in settings  # an idle transaction cannot hold the team up
         missing = cli("journal", "agent", team.admin_url, "nobody_at_all", "--department", "sales")
         assert missing.returncode == 2 and "there is no role 'nobody_at_all'" in missing.stderr
     finally:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from toolbus.journal.postgres.memory import MEMORY_TABLES
 
@@ -34,6 +35,7 @@ AGENT_GROUP = "toolbus_agent"
 SCHEMA_VERSION = 1
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
 APPEND_LOCK = 0x74627573
+IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
 
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS meta (key text PRIMARY KEY, value text NOT NULL)""",
@@ -219,9 +221,9 @@ def _create_group(conn: psycopg.Connection[Any]) -> None:
 
 
 def register_agent(conn: psycopg.Connection[Any], role: str, department: str) -> None:
-    """Make the login role `role` an agent of `department` (or move it to another department)."""
-    from psycopg import sql
-
+    """Make the login role `role` an agent of `department` (or move it to another department).
+    Its sessions may not sit idle inside a transaction for long: one that did would hold the
+    team's append lock (toolbus's own writes give up after `lock_timeout` meanwhile)."""
     with conn.transaction():
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
             raise LookupError(
@@ -234,6 +236,11 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
             (role, department),
         )
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(AGENT_GROUP), sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = {}").format(
+                sql.Identifier(role), sql.Literal(f"{IDLE_IN_TRANSACTION_TIMEOUT}s")
+            )
+        )
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:
