@@ -39,7 +39,7 @@ def open_writer(settings: Settings, *, create: bool = True) -> SqliteJournal | P
     if isinstance(settings.journal, str):
         from toolbus.journal.postgres import PostgresJournal
 
-        return PostgresJournal(settings.journal)
+        return PostgresJournal(settings.journal, settings.journal_busy_timeout)
     if not create:
         require_journal(settings.journal)
     return SqliteJournal(

@@ -74,7 +74,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or None,
         department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or None,
         journal_sync=_sync_mode(getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"),
-        journal_busy_timeout=5.0,
+        # How long a write waits for a lock another process holds (a team journal: and twice
+        # that for a server that does not answer).
+        journal_busy_timeout=_positive(env.get("TOOLBUS_JOURNAL_TIMEOUT") or 5.0, "$TOOLBUS_JOURNAL_TIMEOUT"),
     )
 
 
@@ -90,13 +92,13 @@ def _first(*values: float | str | None) -> float | str:
     return next(value for value in values if value is not None and value != "")
 
 
-def _positive(value: float | str) -> float:
+def _positive(value: float | str, option: str = "--nvim-timeout") -> float:
     try:
         number = float(value)
     except ValueError:
         number = 0.0
     if not number > 0:
-        raise ValueError(f"--nvim-timeout: expected a positive number of seconds, got {value}")
+        raise ValueError(f"{option}: expected a positive number of seconds, got {value}")
     return number
 
 

@@ -80,3 +80,10 @@ def test_the_environment_is_used_without_flags() -> None:
 def test_bad_values_are_refused(flags: tuple[str, ...], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings(*flags, **env)
+
+
+def test_the_journal_timeout_comes_from_the_environment_and_must_be_positive() -> None:
+    assert settings(TOOLBUS_JOURNAL_TIMEOUT="1.5").journal_busy_timeout == 1.5
+    assert settings().journal_busy_timeout == 5.0
+    with pytest.raises(ValueError, match=r"\$TOOLBUS_JOURNAL_TIMEOUT: expected a positive number"):
+        settings(TOOLBUS_JOURNAL_TIMEOUT="0")

@@ -22,6 +22,8 @@ from toolbus.journal.postgres import connect, init_schema, register_agent
 from toolbus.journal.sqlite import SqliteJournal
 
 pytestmark = pytest.mark.anyio
+# A lock waited on for 1 s, a silent server for 2 s (5 and 10 by default).
+QUICK_TIMEOUTS = {"TOOLBUS_JOURNAL_TIMEOUT": "1"}
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -240,7 +242,7 @@ async def test_replay_memory_rebuilds_a_team_journal_and_check_finds_it_whole(te
 async def test_a_lock_held_by_another_session_fails_a_save_in_seconds_not_never(team: Team) -> None:
     from toolbus.journal.postgres.schema import APPEND_LOCK
 
-    async with toolbus(team.url("alice"), None) as alice:
+    async with toolbus(team.url("alice"), None, env=QUICK_TIMEOUTS) as alice:
         await save_note(alice, "before", "project")
         with team.sql("bob") as bob:  # a stray session holding the append lock, as any role can
             bob.execute("SELECT pg_advisory_lock(%s)", (APPEND_LOCK,))
@@ -257,7 +259,7 @@ async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Tea
     import os
     import signal
 
-    async with toolbus(team.url("alice"), None) as alice:
+    async with toolbus(team.url("alice"), None, env=QUICK_TIMEOUTS) as alice:
         await save_note(alice, "before", "project")
         [(backend,)] = admin_rows(
             team,
@@ -268,6 +270,6 @@ async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Tea
         try:
             with anyio.fail_after(30):
                 result = await alice.call_tool("search", {"query": "before"})
-            assert result.is_error and "did not answer within" in text_of(result)
+            assert result.is_error and "did not answer within 2 s" in text_of(result)
         finally:
             os.kill(backend, signal.SIGCONT)

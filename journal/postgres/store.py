@@ -36,20 +36,13 @@ log = logging.getLogger("toolbus.journal")
 
 CONNECT_TIMEOUT = 5  # seconds: a server that is down is reported, never waited on
 # A lock held by another session (an agent's open transaction, a stray advisory lock) fails a
-# write after this long instead of blocking it; and a call waits this long at most for a server
-# that does not answer at all (stopped, or its machine gone).
-LOCK_TIMEOUT = 5
-ANSWER_TIMEOUT = 10
-# Every session reads its own appends in READ COMMITTED, whatever the database's default: the
-# position trigger's max() must see the newest commit (a REPEATABLE READ snapshot would not).
-_OPTIONS = (
-    f"-c search_path={SCHEMA} -c lock_timeout={LOCK_TIMEOUT * 1000}"
-    " -c default_transaction_isolation=read\\ committed"
-)
+# write after this many seconds instead of blocking it; and a call waits twice as long at most
+# for a server that does not answer at all (stopped, or its machine gone).
+LOCK_TIMEOUT = 5.0
 _PRIVATE = "private"  # the visibility of every event but an observation's
 
 
-def connect(url: str) -> Connection:
+def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
     """A connection in autocommit mode (transactions are explicit) with the journal's schema
     on its search path; `JournalUnavailable` when the server cannot be reached. libpq's own
     words about a URL it cannot read may quote the password: those are never repeated."""
@@ -66,11 +59,14 @@ def connect(url: str) -> Connection:
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT,
             application_name="toolbus",
-            options=_OPTIONS,
+            # READ COMMITTED, whatever the database's default: the position trigger's max()
+            # must see the newest commit (a REPEATABLE READ snapshot would not).
+            options=f"-c search_path={SCHEMA} -c lock_timeout={int(lock_timeout * 1000)}"
+            " -c default_transaction_isolation=read\\ committed",
             keepalives_idle=5,
             keepalives_interval=2,
             keepalives_count=2,
-            tcp_user_timeout=ANSWER_TIMEOUT * 1000,
+            tcp_user_timeout=int(2 * lock_timeout * 1000),
         )
     except psycopg.Error as error:
         raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {_reason(error)}") from None
@@ -118,8 +114,10 @@ class PostgresJournal:
     team's admin registered for it (None for a role that is not an agent, such as the admin's).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.url = url
+        self.lock_timeout = lock_timeout
+        self.answer_timeout = 2 * lock_timeout
         self.location = shown(url)
         self._lock = threading.Lock()
         self._worker: Worker | None = None
@@ -130,7 +128,7 @@ class PostgresJournal:
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.url)
+            self._conn = connect(self.url, self.lock_timeout)
         return self._conn
 
     def run_sync(self, work: Callable[[Connection], T]) -> T:
@@ -159,18 +157,18 @@ class PostgresJournal:
     async def run(self, work: Callable[[Connection], T]) -> T:
         """`run_sync` on the journal's own thread, shielded: once handed over, the work
         completes and its outcome is awaited even if the caller is cancelled; but not for
-        longer than `ANSWER_TIMEOUT`, when the server has stopped answering."""
+        longer than `answer_timeout`, when the server has stopped answering."""
         import anyio
 
         if self._worker is None:
             self._worker = Worker()
         future = self._worker.submit(self.run_sync, work)
         try:
-            with anyio.fail_after(ANSWER_TIMEOUT, shield=True):
+            with anyio.fail_after(self.answer_timeout, shield=True):
                 return await future
         except TimeoutError:
             raise JournalUnavailable(
-                f"the team journal at {self.location} did not answer within {ANSWER_TIMEOUT} s; "
+                f"the team journal at {self.location} did not answer within {self.answer_timeout:g} s; "
                 "what this call sent may yet be recorded (toolbus audit shows it)"
             ) from None
 
