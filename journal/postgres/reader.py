@@ -77,8 +77,7 @@ class PostgresReader:
             after = rows[-1]["position"]
 
     def blob(self, digest: str) -> bytes | None:
-        rows = self._rows("SELECT content FROM blobs WHERE hash = %s LIMIT 1", (digest,))
-        return bytes(rows[0]["content"]) if rows else None
+        return blob_content(self._conn, digest)
 
     def check_memory(self) -> MemoryCheck:
         # The rebuild goes to a temporary table, which a read-only transaction may not create;
@@ -163,8 +162,11 @@ class PostgresTexts:
         self._journal = journal
 
     async def text(self, digest: str) -> bytes | None:
-        def work(conn: Connection) -> bytes | None:
-            row = conn.execute("SELECT content FROM blobs WHERE hash = %s LIMIT 1", (digest,)).fetchone()
-            return None if row is None else bytes(row[0])
+        return await self._journal.run(lambda conn: blob_content(conn, digest))
 
-        return await self._journal.run(work)
+
+def blob_content(conn: Connection, digest: str) -> bytes | None:
+    """The text whose SHA-256 is `digest`, as this login may read it (its own copy; the admin's
+    any, all equal by the blobs' check); None when there is none."""
+    row = conn.execute("SELECT content FROM blobs WHERE hash = %s LIMIT 1", (digest,)).fetchone()
+    return None if row is None else bytes(row[0])
