@@ -450,3 +450,41 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
                 memory.timeline(viewer, text=query["text"], project=query.get("project"), depth_before=0, depth_after=0)
                 == anchor
             )
+
+
+# --- what a search reads ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"text": "apple"},
+        {"text": "apple", "order_by": "date_asc"},
+        {"text": "apple pear", "project": "p", "types": ("discovery",), "start_ms": JAN_1, "end_ms": JAN_1 + DAY_MS},
+    ],
+)
+def test_a_search_checks_its_matches_on_the_narrow_index_never_on_the_rows(
+    memory: Memory, query: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Common words match thousands of observations: each is checked for visibility and the
+    filters on `observations_visible`, a page of index entries holding a hundred of them, not on
+    its row (a page per observation). Only the page's own rows are read."""
+    for i in range(30):
+        memory.add(f"apple pear {i}", JAN_1 + i, visibility=["public", "private", "department"][i % 3])
+    monkeypatch.setattr(store, "RANK_ALL_UP_TO", 0)  # the level-by-level page too
+    statements: list[str] = []
+
+    def traced(conn: sqlite3.Connection) -> list[int]:
+        conn.set_trace_callback(statements.append)
+        try:
+            return [row.id for row in search_sync(conn, SearchQuery(limit=5, offset=5, **query), ANYONE).results]
+        finally:
+            conn.set_trace_callback(None)
+
+    assert len(memory.journal.run_sync(traced)) == 5
+    matching = [sql for sql in statements if "MATCH" in sql and "observations o" in sql]
+    assert matching
+    for sql in matching:
+        steps = memory.journal.run_sync(lambda conn, sql=sql: conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+        plan = " | ".join(step[3] for step in steps)
+        assert "COVERING INDEX observations_visible" in plan and "PRIMARY KEY" not in plan, plan

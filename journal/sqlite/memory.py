@@ -35,6 +35,11 @@ T = TypeVar("T")
 _INDEXES = {
     "observations_by_time": "CREATE INDEX observations_by_time ON observations (created_at_epoch)",
     "observations_by_project": "CREATE INDEX observations_by_project ON observations (project, created_at_epoch)",
+    # Every column a search filters on, by id: a search checks each match of its words against
+    # this narrow index instead of the wide row (a page read per match). Counting the 9k matches
+    # of two common words among 100k observations went from 24 to 8 ms.
+    "observations_visible": "CREATE INDEX observations_visible"
+    " ON observations (id, visibility, department, agent, project, type, created_at_epoch)",
 }
 _TABLES = (
     """CREATE TABLE observations (
@@ -77,6 +82,14 @@ _json = msgspec.json.Encoder()
 def create_memory_tables(db: sqlite_utils.Database) -> None:
     """Called by the journal's migration, inside its transaction."""
     _create(db.conn)
+
+
+def create_missing_indexes(conn: sqlite3.Connection) -> None:
+    """Add the store's indexes a journal made by an older toolbus lacks (a migration step)."""
+    existing = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    for name, statement in _INDEXES.items():
+        if name not in existing:
+            conn.execute(statement)
 
 
 def reset_memory_tables(conn: sqlite3.Connection) -> None:
@@ -199,8 +212,11 @@ _VISIBLE = (
     " OR (o.visibility = 'private' AND o.agent = :viewer_agent))"
 )
 # CROSS JOIN keeps the word index in the outer loop: a filter's index (project, time) would
-# otherwise tempt the planner into probing the word index once per row of the filter.
-_FTS_SOURCE = "observations_fts CROSS JOIN observations o ON o.id = observations_fts.rowid"
+# otherwise tempt the planner into probing the word index once per row of the filter. The
+# planner looks a rowid up in the table itself unless told to use the narrow index.
+_FTS_SOURCE = (
+    "observations_fts CROSS JOIN observations o INDEXED BY observations_visible ON o.id = observations_fts.rowid"
+)
 
 
 class _Where:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from toolbus.bus.errors import JournalUnavailable
-from toolbus.journal.sqlite.memory import create_memory_tables
+from toolbus.journal.sqlite.memory import create_memory_tables, create_missing_indexes
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -160,6 +160,11 @@ def _host(db: sqlite_utils.Database) -> None:
     _audit_views(db)
 
 
+def _search_index(db: sqlite_utils.Database) -> None:
+    """The memory store's index of what a search filters on (`observations_visible`)."""
+    create_missing_indexes(db.conn)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_core,
     _memory_tables,
@@ -167,6 +172,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _fewer_indexes,
     _diff_history,
     _host,
+    _search_index,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

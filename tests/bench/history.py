@@ -29,7 +29,8 @@ from tests.bench.workload import (
 )
 from tests.rpc_client import StdioServer, clean_env, result_text
 
-SEARCH_P95_MS = 5.0
+SEARCH_P95_MS = 5.0  # typical queries at 100k observations
+COMMON_P95_MS = 10.0  # common words at 100k, and typical queries at 1M
 REPLAY_RATE = 50_000
 AUDIT_P95_MS = 50.0
 
@@ -37,7 +38,7 @@ AUDIT_P95_MS = 50.0
 def queries() -> dict[str, list[str]]:
     """Query kinds. `multi_word` combines words of middling frequency, as people search (each
     word in 0.5-10 % of observations); `common_words` pairs the most frequent ones (9-64 %),
-    a stress case reported beside the target, not judged by it."""
+    a stress case with a target of its own."""
     words = Corpus.make().words
     return {
         "multi_word": [
@@ -81,7 +82,10 @@ def _count(journal: Path, sql: str) -> int:
 def search(ctx: Context) -> None:
     count = ctx.options.observations
     key = "memory.search"
-    target = f"p95 <= {SEARCH_P95_MS:g} ms at 100k observations"
+    target = (
+        f"p95 <= {SEARCH_P95_MS:g} ms at 100k observations (common words <= {COMMON_P95_MS:g} ms),"
+        f" <= {COMMON_P95_MS:g} ms at 1M"
+    )
     cached = cached_journal(ctx.options.cache, "observations", count, fresh=ctx.options.fresh)
     journal = scratch_copy(cached, ctx.scratch / "search.db")
     kinds = queries()
@@ -100,7 +104,6 @@ def search(ctx: Context) -> None:
                     elapsed, found = _timed_search(server, query)
                     samples[kind].append(elapsed)
                     hits[kind].append(found)
-    worst = max(p95(samples[kind]) for kind in JUDGED)
     measured: dict[str, Any] = {
         kind: {"p50_ms": ms(p50(values)), "p95_ms": ms(p95(values)), "median_hits": median(hits[kind])}
         for kind, values in samples.items()
@@ -111,12 +114,21 @@ def search(ctx: Context) -> None:
             summary=", ".join(f"{k} p50 {v['p50_ms']:.2f}/p95 {v['p95_ms']:.2f} ms" for k, v in measured.items())
             + f" ({count:,} observations)",
             target=target,
-            met=worst <= SEARCH_P95_MS / 1000 if count >= 100_000 else None,
+            met=_search_met(samples, count),
             measured=measured | {"observations": count, "queries": kinds},
-            note="MCP round trip over stdio, the query journaled (FULL) as every call is; judged on "
-            f"{', '.join(JUDGED)}; common_words is reported, not judged",
+            note="MCP round trip over stdio, the query journaled as every call is; typical queries: "
+            f"{', '.join(JUDGED)}",
         )
     )
+
+
+def _search_met(samples: dict[str, list[float]], count: int) -> bool | None:
+    typical = max(p95(samples[kind]) for kind in JUDGED) * 1000
+    if count >= 1_000_000:
+        return typical <= COMMON_P95_MS
+    if count >= 100_000:
+        return typical <= SEARCH_P95_MS and p95(samples["common_words"]) * 1000 <= COMMON_P95_MS
+    return None
 
 
 def _timed_search(server: StdioServer, query: str) -> tuple[float, int]:
