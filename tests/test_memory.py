@@ -224,10 +224,10 @@ def other_writer(journal_path: Path, sql: str) -> None:
 async def test_a_journal_locked_by_another_writer_is_an_error(
     journal_path: Path, journal: JournalReader
 ) -> None:
-    async with toolbus(journal_path, None) as client:
+    async with toolbus(journal_path, None, env={"TOOLBUS_JOURNAL_TIMEOUT": "1"}) as client:
         await save(client, title="Before", text="stored")
         locker = sqlite3.connect(journal_path, isolation_level=None)
-        locker.execute("BEGIN IMMEDIATE")  # held past toolbus's busy timeout
+        locker.execute("BEGIN IMMEDIATE")  # held past toolbus's busy timeout (1 s here, 5 by default)
         try:
             result = await client.call_tool("save", {"title": "During", "text": "refused"})
         finally:
