@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 
 import anyio
@@ -11,6 +12,7 @@ import pytest
 from tests.journal_contract import JournalContract, record, saved
 from toolbus.bus import AuditQuery, Caller, JournalReader, JournalUnavailable, JournalWriter, file_streams
 from toolbus.handlers import MemoryStore
+from toolbus.journal.rows import event_ids
 from toolbus.journal.sqlite import SqliteJournal, SqliteMemoryStore, SqliteReader
 
 
@@ -106,3 +108,19 @@ def test_the_sqlite_reader_keeps_one_path_of_two_machines_as_two_histories(tmp_p
     finally:
         conn.close()
 
+
+# --- event ids -----------------------------------------------------------------------------
+
+
+def test_event_ids_are_unique_time_ordered_uuid7s() -> None:
+    first, second = event_ids(500), event_ids(1)
+    for text in [*first, *second]:
+        parsed = uuid.UUID(hex=text)
+        assert len(text) == 32 and parsed.hex == text
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+    assert len(set(first + second)) == 501
+    # The leading 48 bits are the millisecond: a later batch never sorts before an earlier one.
+    assert {text[:12] for text in first} == {first[0][:12]}
+    assert second[0][:12] >= first[0][:12]
+    # Every random digit is used: the variant digit takes all four of its values.
+    assert {text[16] for text in first} == set("89ab")
