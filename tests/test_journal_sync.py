@@ -131,6 +131,35 @@ def test_a_read_is_committed_by_its_caller_without_the_journal_thread(
         journal.close()
 
 
+@pytest.mark.parametrize(("synchronous", "size", "hops"), [("NORMAL", 10, 0), ("NORMAL", 1 << 17, 1), ("FULL", 10, 2)])
+def test_only_a_change_that_waits_for_no_disk_and_writes_little_skips_the_journal_thread(
+    path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: store.Synchronous, size: int, hops: int
+) -> None:
+    assert store.AT_ONCE_BYTES < 1 << 17
+    submitted: list[object] = []
+    submit = store.Worker.submit
+
+    def spy(self: store.Worker, *args: Any) -> Any:
+        submitted.append(args)
+        return submit(self, *args)
+
+    monkeypatch.setattr(store.Worker, "submit", spy)
+    text = b"x" * size
+    journal = SqliteJournal(path, synchronous=synchronous)
+    try:
+
+        async def save() -> None:
+            command_id = await journal.begin(record("saveDocument", changes=True), {blob_hash(text): text})
+            await journal.finish(record("saveDocument", changes=True), command_id, "ok")
+
+        anyio.run(save)
+        assert len(submitted) == hops  # at NORMAL only the write-ahead carries the big text
+        assert tools(path) == [("saveDocument", "ok")]
+        assert blobs(path) == {blob_hash(text)}
+    finally:
+        journal.close()
+
+
 def test_a_read_waits_for_another_writer_on_the_journal_thread_not_on_the_event_loop(path: Path) -> None:
     journal = SqliteJournal(path)
     other = sqlite3.connect(path, isolation_level=None)
