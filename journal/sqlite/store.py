@@ -1,8 +1,8 @@
 """The journal: one SQLite file, append-only, shared safely by several toolbus processes.
 
 WAL, `BEGIN IMMEDIATE` for every write, a busy timeout, `synchronous=FULL` by default, but
-for the records of calls that change nothing (`_Flusher` says how those reach the disk; `_AtOnce`
-where they are committed).
+for the records of calls that change nothing (`_Flusher` says how those reach the disk). A
+commit that waits for no disk is made on the event loop when nothing is in its way (`_AtOnce`).
 Event positions are the `events` rowid: gapless and in commit order across processes,
 because every append happens inside an immediate (exclusive-writer) transaction.
 """
