@@ -30,7 +30,9 @@ class ArrivalOrder:
     def __init__(self, ordered_tools: Collection[str]) -> None:
         self._ordered_tools = frozenset(ordered_tools)
         self._waiting: dict[RequestId, None] = {}  # insertion-ordered: arrival order
-        self._moved = anyio.Event()
+        # Made by the first call that waits, set and dropped when one leaves: most calls find
+        # nobody before them, and should not pay for an event per call.
+        self._moved: anyio.Event | None = None
 
     def arrived(self, message: Any) -> None:
         """Note a message from the client, in the order they come."""
@@ -45,8 +47,9 @@ class ArrivalOrder:
         """`request_id` no longer holds back the calls after it."""
         if request_id in self._waiting:
             del self._waiting[request_id]
-            self._moved.set()  # wakes every waiter: each checks whether it is now first
-            self._moved = anyio.Event()
+            if self._moved is not None:
+                self._moved.set()  # wakes every waiter: each checks whether it is now first
+                self._moved = None
 
     @contextlib.asynccontextmanager
     async def turn(self, request_id: RequestId | None) -> AsyncIterator[None]:
@@ -56,6 +59,8 @@ class ArrivalOrder:
             return
         try:
             while request_id in self._waiting and next(iter(self._waiting)) != request_id:
+                if self._moved is None:
+                    self._moved = anyio.Event()
                 await self._moved.wait()
             yield
         finally:

@@ -45,10 +45,14 @@ local function option(buf, name)
 end
 
 -- Buffers the user has open: listed, loaded and named. Hidden and unloaded buffers are not.
+local function is_open(buf)
+  return option(buf, 'buflisted') and api.nvim_buf_is_loaded(buf) and api.nvim_buf_get_name(buf) ~= ''
+end
+
 local function open_buffers()
   local found = {}
   for _, buf in ipairs(api.nvim_list_bufs()) do
-    if option(buf, 'buflisted') and api.nvim_buf_is_loaded(buf) and api.nvim_buf_get_name(buf) ~= '' then
+    if is_open(buf) then
       found[#found + 1] = buf
     end
   end
@@ -70,8 +74,15 @@ local function find_in(buffers, wanted)
 end
 
 -- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
+-- Names are compared first, as they are: a string each, where resolving them is a realpath each.
 local function find_open(path)
-  return find_in(open_buffers(), normalise(path))
+  local wanted = normalise(path)
+  for _, buf in ipairs(api.nvim_list_bufs()) do
+    if api.nvim_buf_get_name(buf) == wanted and is_open(buf) then
+      return buf
+    end
+  end
+  return find_in(open_buffers(), wanted)
 end
 
 -- Any buffer named `path` by the same rule, even hidden, unlisted or unloaded: one that a

@@ -239,8 +239,10 @@ class _Session(asyncio.Protocol):
             future.set_exception(self._lost or ConnectionError("not connected"))
             return future
         request_id = next(self._ids)
+        # Its answer takes it out again, even once its caller has given up (Neovim answers every
+        # request), and so does the loss of the connection: a done callback per request would
+        # cost every call a turn of the event loop.
         self._pending[request_id] = future
-        future.add_done_callback(lambda _: self._pending.pop(request_id, None))
         self._transport.write(self._packer.pack([_REQUEST, request_id, method, args]))
         return future
 
@@ -529,6 +531,8 @@ class NvimEditor:
         session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
 
     async def _connect(self) -> _Session:
+        if self._session is not None and self._session.alive:  # as for almost every call: no lock to take
+            return self._session
         async with self._connecting:  # one connection, even when calls begin together
             return await self._connect_once()
 

@@ -51,6 +51,20 @@ async def test_a_symlinked_path_finds_the_real_files_buffer(
     assert reply["isDirty"] is True
 
 
+async def test_a_buffer_opened_through_a_symlink_is_found_by_its_real_path(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    make(files, "other.py")
+    nvim.edit(files / "other.py")  # a buffer before it, whose name is not the one wanted either
+    real = make(files, "real/a.py")
+    link = files / "link.py"
+    link.symlink_to(real)
+    nvim.edit(link)
+    nvim.set_lines(link, ["via link"])
+    reply = json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(real)}))
+    assert reply["isDirty"] is True
+
+
 async def test_close_tab_by_name_never_closes_a_longer_name(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:

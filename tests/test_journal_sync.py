@@ -114,6 +114,73 @@ def test_a_read_reaches_the_disk_within_a_second_without_a_change(
         journal.close()
 
 
+def test_a_read_is_committed_by_its_caller_without_the_journal_thread(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = SqliteJournal(path)
+
+    def no_hop(*args: object) -> None:
+        raise AssertionError("a read's record went to the journal's thread")
+
+    monkeypatch.setattr(store.Worker, "submit", no_hop)
+    try:
+        for _ in range(2):  # the second on the connection the first opened
+            anyio.run(journal.finish, record("search", changes=False), None, "ok")
+        assert tools(fresh_copy(path, tmp_path / "crash")) == [("search", "ok"), ("search", "ok")]
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize(("synchronous", "size", "hops"), [("NORMAL", 10, 0), ("NORMAL", 1 << 17, 1), ("FULL", 10, 2)])
+def test_only_a_change_that_waits_for_no_disk_and_writes_little_skips_the_journal_thread(
+    path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: store.Synchronous, size: int, hops: int
+) -> None:
+    assert store.AT_ONCE_BYTES < 1 << 17
+    submitted: list[object] = []
+    submit = store.Worker.submit
+
+    def spy(self: store.Worker, *args: Any) -> Any:
+        submitted.append(args)
+        return submit(self, *args)
+
+    monkeypatch.setattr(store.Worker, "submit", spy)
+    text = b"x" * size
+    journal = SqliteJournal(path, synchronous=synchronous)
+    try:
+
+        async def save() -> None:
+            command_id = await journal.begin(record("saveDocument", changes=True), {blob_hash(text): text})
+            await journal.finish(record("saveDocument", changes=True), command_id, "ok")
+
+        anyio.run(save)
+        assert len(submitted) == hops  # at NORMAL only the write-ahead carries the big text
+        assert tools(path) == [("saveDocument", "ok")]
+        assert blobs(path) == {blob_hash(text)}
+    finally:
+        journal.close()
+
+
+def test_a_read_waits_for_another_writer_on_the_journal_thread_not_on_the_event_loop(path: Path) -> None:
+    journal = SqliteJournal(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another toolbus process, in the middle of its commit
+
+    async def main() -> None:
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(journal.finish, record("search", changes=False), None, "ok")
+            await anyio.sleep(0.05)
+            # The event loop runs on while the record waits: only it ends the other's transaction.
+            other.execute("INSERT INTO commands (tool, received_at, status) VALUES ('other', 'now', 'ok')")
+            other.execute("COMMIT")
+
+    try:
+        anyio.run(main)
+        assert tools(path) == [("other", "ok"), ("search", "ok")]
+    finally:
+        other.close()
+        journal.close()
+
+
 def test_with_journal_sync_normal_nothing_waits_for_the_disk(syncs: SyncCounter, path: Path) -> None:
     journal = SqliteJournal(path, synchronous="NORMAL")
     try:

@@ -1,7 +1,8 @@
 """The journal: one SQLite file, append-only, shared safely by several toolbus processes.
 
 WAL, `BEGIN IMMEDIATE` for every write, a busy timeout, `synchronous=FULL` by default, but
-for the records of calls that change nothing (`_Flusher` says how those reach the disk).
+for the records of calls that change nothing (`_Flusher` says how those reach the disk). A
+commit that waits for no disk is made on the event loop when nothing is in its way (`_AtOnce`).
 Event positions are the `events` rowid: gapless and in commit order across processes,
 because every append happens inside an immediate (exclusive-writer) transaction.
 """
@@ -45,6 +46,8 @@ CHECKPOINT_DELAY = 0.05
 FALLBACK_CHECKPOINT_PAGES = 10_000
 # How long after a read's unsynced commit the WAL is fsynced (SPEC: within one second at most).
 READ_FLUSH_DELAY = 0.2
+# The most text a commit that waits for no disk may carry and still be written on the event loop.
+AT_ONCE_BYTES = 64 * 1024
 
 
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
@@ -75,6 +78,7 @@ class SqliteJournal:
         self._worker: Worker | None = None
         self._checkpointer = _Checkpointer(path, synchronous, self._lock)
         self._flusher = _Flusher(Path(f"{path}-wal"))
+        self._at_once = _AtOnce(path)
         self._changes = self._conn.total_changes
 
     # --- opening ----------------------------------------------------------------------
@@ -136,6 +140,7 @@ class SqliteJournal:
         self._checkpointer.stop()
         self._flusher.stop()
         with self._lock:
+            self._at_once.close()
             self._conn.close()
 
     # --- running SQL off the event loop -----------------------------------------------
@@ -209,12 +214,11 @@ class SqliteJournal:
 
     async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
         def work(conn: sqlite3.Connection) -> int:
-            with self._transaction(conn, sync=True):
-                if keep:
-                    _insert_blobs(conn, keep)
-                return _insert_command(conn, record, "in_doubt")
+            if keep:
+                _insert_blobs(conn, keep)
+            return _insert_command(conn, record, "in_doubt")
 
-        return await self.run(work)
+        return await self._commit(work, sync=True, blobs=keep)
 
     async def finish(
         self,
@@ -226,9 +230,44 @@ class SqliteJournal:
         events: Sequence[Event] = (),
         blobs: Mapping[str, bytes] | None = None,
     ) -> list[int]:
-        return await self.run(
-            lambda conn: self.finish_sync(conn, record, command_id, status, error, events, blobs)
+        outcome = Outcome(record, status, error, events, blobs)
+        return await self._commit(
+            lambda conn: _record(conn, outcome, command_id, time.time_ns()), sync=record.changes, blobs=blobs
         )
+
+    async def _commit(
+        self, work: Callable[[sqlite3.Connection], T], *, sync: bool, blobs: Mapping[str, bytes] | None
+    ) -> T:
+        """`work` in one transaction, committed; it waits for the disk if `sync` and the journal is
+        FULL. One that waits for no disk and writes little is committed at once (`_AtOnce`)."""
+        at_once = (not sync or self._synchronous == "NORMAL") and _size(blobs) <= AT_ONCE_BYTES
+        if at_once and (done := self._commit_at_once(work)) is not None:
+            return done[0]
+
+        def on_thread(conn: sqlite3.Connection) -> T:
+            with self._transaction(conn, sync=sync):
+                return work(conn)
+
+        return await self.run(on_thread)
+
+    def _commit_at_once(self, work: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
+        """`work` committed here and now, unsynced, if nothing stands in the way: its result, boxed,
+        or None when it must go the usual way (nothing was written)."""
+        if not self._lock.acquire(blocking=False):  # the journal's thread is writing: queue behind it
+            return None
+        try:
+            try:
+                self._check_same_file()
+            except JournalUnavailable:  # the journal's thread says so, as for any write
+                return None
+            done = self._at_once.commit(work)
+            if done is not None:
+                if self._synchronous == "FULL":
+                    self._flusher.unsynced()
+                self._checkpointer.nudge()
+            return done
+        finally:
+            self._lock.release()
 
     def finish_sync(
         self,
@@ -255,11 +294,7 @@ class SqliteJournal:
         return await self.run(work)
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        def work(conn: sqlite3.Connection) -> None:
-            with self._transaction(conn, sync=True):
-                _insert_blobs(conn, blobs)
-
-        await self.run(work)
+        await self._commit(lambda conn: _insert_blobs(conn, blobs), sync=True, blobs=blobs)
 
     def rebuild_memory(self) -> int:
         """Drop the memory store and rebuild it from the journal's events; the observation count."""
@@ -361,6 +396,10 @@ def _append(conn: sqlite3.Connection, events: Sequence[tuple[int, Event]], recor
     return list(range(first, first + len(events)))
 
 
+def _size(blobs: Mapping[str, bytes] | None) -> int:
+    return sum(map(len, blobs.values())) if blobs else 0
+
+
 def _check_identity_in_one_snapshot(conn: sqlite3.Connection) -> None:
     """`check_identity` inside one read transaction. Its statements would otherwise each see
     the file as it is then, and another process's migration committing between them would
@@ -432,6 +471,59 @@ class _Checkpointer:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:  # another process is checkpointing, or the disk is unhappy: next time
             log.debug("background checkpoint of %s failed", self._path, exc_info=True)
+
+
+class _AtOnce:
+    """Commits that wait for no disk (the records of calls that change nothing; every small commit
+    at `--journal-sync NORMAL`), made on the caller's thread, the event loop, through a connection
+    of its own, when nothing stands in the way.
+
+    Such a commit writes a few pages to the -wal file (~30 µs), while the hop to the journal's
+    thread and back costs more than that: two thread wake-ups. This connection never waits: no
+    busy timeout (another process writing makes it give up at once), no sync (`_Flusher` brings
+    its frames to the disk) and no checkpoint (the background one does that, or the main
+    connection's fallback). Whatever goes wrong, it rolls back and the commit goes the usual way,
+    to the journal's thread, which waits and reports as it always does. Used only under the
+    writers' lock, taken without waiting.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def commit(self, work: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
+        """`work` in one immediate transaction, committed: its result, boxed; None if it was not
+        (nothing was written)."""
+        try:
+            with transaction(self._connection()) as conn:
+                return (work(conn),)
+        except sqlite3.Error:
+            log.debug("a commit goes to the journal's thread", exc_info=True)
+            self._abandon()
+            return None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self._path, timeout=0, isolation_level=None, check_same_thread=False)
+            for pragma in ("synchronous = NORMAL", "wal_autocheckpoint = 0", "foreign_keys = ON"):
+                conn.execute(f"PRAGMA {pragma}")
+            self._conn = conn
+        return self._conn
+
+    def _abandon(self) -> None:
+        """After a failure: a transaction left open (a failed COMMIT) is rolled back, or the
+        connection dropped, so that it never holds the write lock."""
+        if self._conn is None or not self._conn.in_transaction:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
+        if self._conn.in_transaction:
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class _Flusher:
