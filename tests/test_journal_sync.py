@@ -149,6 +149,28 @@ def test_a_read_is_committed_on_the_connection_searches_read_through(path: Path)
         journal.close()
 
 
+def test_a_record_committed_at_once_is_never_committed_again(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resetting the connection after an at-once commit fails: the call fails, the record stays
+    the one that was committed, and the journal's thread does not write it a second time."""
+    journal = SqliteJournal(path)
+    reset = journal._wait_for_others
+
+    def failing_reset(wait: bool) -> None:
+        if wait:
+            raise sqlite3.OperationalError("disk I/O error")
+        reset(wait)
+
+    monkeypatch.setattr(journal, "_wait_for_others", failing_reset)
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            anyio.run(journal.finish, record("search", changes=False), None, "ok")
+        monkeypatch.setattr(journal, "_wait_for_others", reset)
+        reset(True)
+        assert tools(path) == [("search", "ok")]
+    finally:
+        journal.close()
+
+
 @pytest.mark.parametrize(("synchronous", "size", "hops"), [("NORMAL", 10, 0), ("NORMAL", 1 << 17, 1), ("FULL", 10, 2)])
 def test_only_a_change_that_waits_for_no_disk_and_writes_little_skips_the_journal_thread(
     path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: store.Synchronous, size: int, hops: int

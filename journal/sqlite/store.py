@@ -264,15 +264,25 @@ class SqliteJournal:
         if not self._lock.acquire(blocking=False):  # the journal's thread is at work: queue behind it
             return None
         try:
-            self._check_same_file()
-            with self._never_waiting():
-                done = (self._committed(work, sync=sync),)
-        except (sqlite3.Error, JournalUnavailable):
-            log.debug("a commit goes to the journal's thread", exc_info=True)
-            if self._conn.in_transaction:  # a failed COMMIT: never hold the write lock
+            try:
+                self._check_same_file()
+                self._wait_for_others(False)
+            except (sqlite3.Error, JournalUnavailable):  # nothing was written
                 with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
-            return None
+                    self._wait_for_others(True)
+                return None
+            try:
+                done = (self._committed(work, sync=sync),)
+            except sqlite3.Error:
+                log.debug("a commit goes to the journal's thread", exc_info=True)
+                if self._conn.in_transaction:  # a failed COMMIT: never hold the write lock
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                return None
+            finally:
+                # Outside the `except` above: once committed, a failure here must not send the
+                # same record to the journal's thread a second time.
+                self._wait_for_others(True)
         finally:
             self._lock.release()
         self._checkpointer.nudge()
@@ -282,16 +292,12 @@ class SqliteJournal:
         with self._transaction(self._conn, sync=sync):
             return work(self._conn)
 
-    @contextlib.contextmanager
-    def _never_waiting(self) -> Iterator[None]:
-        """The connection with no busy timeout and no checkpoint in a commit, then as it was."""
-        self._conn.execute("PRAGMA busy_timeout = 0")
-        self._conn.execute("PRAGMA wal_autocheckpoint = 0")
-        try:
-            yield
-        finally:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            self._conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_CHECKPOINT_PAGES}")
+    def _wait_for_others(self, wait: bool) -> None:
+        """The connection as configured (`wait`), or with no busy timeout and no checkpoint in a
+        commit, for a commit made on the event loop."""
+        busy_ms = int(self.busy_timeout * 1000) if wait else 0
+        self._conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        self._conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_CHECKPOINT_PAGES if wait else 0}")
 
     def finish_sync(
         self,
