@@ -463,13 +463,12 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
         {"text": "apple pear", "project": "p", "types": ("discovery",), "start_ms": JAN_1, "end_ms": JAN_1 + DAY_MS},
     ],
 )
-def test_a_search_checks_its_matches_on_the_narrow_index_never_on_the_rows(
+def test_a_search_checks_its_matches_on_the_narrow_table_and_reads_rows_only_to_filter(
     memory: Memory, query: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Common words match thousands of observations: each is checked for visibility on
-    `observations_visible`, a page of index entries holding a hundred of them, not on its row
-    (a page per observation), in relevance or date order. Filters on project or type read the
-    rows of visible matches."""
+    `observation_audience`, a page holding a hundred of them, not on its row (a page per
+    observation), in relevance or date order. Filters on project or type read the rows."""
     for i in range(30):
         memory.add(f"apple pear {i}", JAN_1 + i, visibility=["public", "private", "department"][i % 3])
     monkeypatch.setattr(store, "RANK_ALL_UP_TO", 0)  # the level-by-level page too
@@ -483,11 +482,10 @@ def test_a_search_checks_its_matches_on_the_narrow_index_never_on_the_rows(
             conn.set_trace_callback(None)
 
     assert len(memory.journal.run_sync(traced)) == 5
-    matching = [sql for sql in statements if "MATCH" in sql and "observations o" in sql]
-    assert matching
-    for sql in matching:
+    joined = [sql for sql in statements if "MATCH" in sql and "JOIN" in sql]  # the words' matches, checked
+    assert joined
+    for sql in joined:
         steps = memory.journal.run_sync(lambda conn, sql=sql: conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
         plan = " | ".join(step[3] for step in steps)
-        filtered = "project" in query
-        assert f"USING {'' if filtered else 'COVERING '}INDEX observations_visible" in plan, plan
-        assert "PRIMARY KEY" not in plan, plan
+        assert "CROSS JOIN observation_audience o ON" in sql and "SEARCH o USING INTEGER PRIMARY KEY" in plan, plan
+        assert ("SEARCH r USING INTEGER PRIMARY KEY" in plan) == ("project" in query), plan

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from toolbus.bus.errors import JournalUnavailable
-from toolbus.journal.sqlite.memory import create_memory_tables, create_missing_indexes
+from toolbus.journal.sqlite.memory import add_audience_table, create_memory_tables, create_missing_indexes
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -161,8 +161,14 @@ def _host(db: sqlite_utils.Database) -> None:
 
 
 def _search_index(db: sqlite_utils.Database) -> None:
-    """The memory store's index of what a search filters on (`observations_visible`)."""
+    """The memory store's indexes an older journal lacks. It added `observations_visible`,
+    which `_audience_table` replaced: since then there is none to add to a journal of schema 6."""
     create_missing_indexes(db.conn)
+
+
+def _audience_table(db: sqlite_utils.Database) -> None:
+    """Who may see each observation, in a narrow table a search checks its matches against."""
+    add_audience_table(db.conn)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -173,6 +179,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _diff_history,
     _host,
     _search_index,
+    _audience_table,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
