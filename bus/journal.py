@@ -55,9 +55,13 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
 class JournalWriter(Protocol):
     """The write side of the journal, as the bus needs it."""
 
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+    async def begin(
+        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+    ) -> int:
         """Record a command as `in_doubt` with `keep` (texts its action would destroy), in one
-        transaction durable on disk when this returns; return the command's id."""
+        transaction durable on disk when this returns; return the command's id. Not `durable`
+        (for an action whose effect a power cut would undo too): committed, so it survives a
+        crash of toolbus, and brought to the disk by the outcome's sync."""
         ...
 
     async def finish(

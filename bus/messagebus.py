@@ -68,12 +68,14 @@ class HandlerContext(Generic[C]):
     # flight still runs in Neovim), unless its handler knows better. Before, it is `cancelled`.
     on_cancel: Status = "in_doubt"
 
-    async def write_ahead(self, keep: Mapping[str, bytes] | None = None) -> None:
+    async def write_ahead(self, keep: Mapping[str, bytes] | None = None, *, durable: bool = True) -> None:
         """Call before acting outside the journal: records the command as `in_doubt`, with `keep`
-        (the texts the action would destroy), durably and in one transaction. Called again (a
-        retry), it keeps the new texts in a transaction of their own."""
+        (the texts the action would destroy), in one transaction, durable on disk unless the
+        action's effect would not outlive a power cut either (`durable=False`; a crash of toolbus
+        still finds the row). Called again (a retry), it keeps the new texts in a transaction of
+        their own, durably."""
         if self.command_id is None:
-            self.command_id = await self._journal.begin(self._record, keep)
+            self.command_id = await self._journal.begin(self._record, keep, durable=durable)
         elif keep:
             await self._journal.keep_blobs(keep)
 

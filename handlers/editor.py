@@ -205,8 +205,11 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
             )
             return TAB_CLOSED
         kept = {} if match.discarded is None else {blob_hash(match.discarded): match.discarded}
-        # Durable before the wipe, with the unsaved text: a close is never a loss, whatever happens next.
-        await context.write_ahead(kept)
+        # Before the wipe, with the unsaved text, durably: a close is never a loss, whatever
+        # happens next (a wipe deletes the buffer's swap file too). With nothing to keep, a wipe
+        # changes only Neovim's memory, which a power cut takes as well: the row need only
+        # survive a crash of toolbus, and the outcome's sync brings it to the disk.
+        await context.write_ahead(kept, durable=bool(kept))
         if await editor.wipe(match.buffer, match.tick):
             await context.commit(
                 TabClosed(

@@ -9,6 +9,7 @@ history (one machine's or every machine's), and recoverable texts — all throug
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,11 +144,13 @@ class JournalContract:
         assert [event.position for event in stored] == positions
         assert [event.data["title"] for event in stored] == ["t1-0", "t3-0", "t3-1", "t3-2", "t2-0", "t2-1"]
 
+    @pytest.mark.parametrize("durable", [True, False])
     def test_a_command_begun_stays_in_doubt_until_finished(
-        self, writer: JournalWriter, read: Callable[[], JournalReader]
+        self, writer: JournalWriter, read: Callable[[], JournalReader], durable: bool
     ) -> None:
+        """Written ahead durably or not (a close with nothing to keep), it is committed: others see it."""
         call = record("saveDocument", {"filePath": "/src/a.py"})
-        command_id = anyio.run(writer.begin, call)
+        command_id = anyio.run(functools.partial(writer.begin, call, durable=durable))
         [entry] = read().audit(AuditQuery())
         assert (entry.id, entry.status, entry.events) == (command_id, "in_doubt", [])
         event, blobs = saved("/src/a.py", b"old\n", b"new\n")

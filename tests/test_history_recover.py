@@ -278,8 +278,10 @@ class FailingCommits:
     def __init__(self, journal: SqliteJournal) -> None:
         self.journal = journal
 
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
-        return await self.journal.begin(record, keep)
+    async def begin(
+        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+    ) -> int:
+        return await self.journal.begin(record, keep, durable=durable)
 
     async def finish(
         self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any

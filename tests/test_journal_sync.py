@@ -252,13 +252,17 @@ def test_begin_keeps_its_texts_in_its_one_durable_transaction(
 class FakeEditor:
     """One open file with unsaved text; before each action, checks what a power cut would keep."""
 
-    def __init__(self, syncs: SyncCounter, journal: Path, scratch: Path) -> None:
+    def __init__(self, syncs: SyncCounter, journal: Path, scratch: Path, *, unsaved: bytes | None = UNSAVED) -> None:
         self.syncs, self.journal, self.scratch = syncs, journal, scratch
+        self.unsaved = unsaved  # the buffer's text that is not on disk; None: not modified
         self.on_disk_before_acting: list[tuple[list[tuple[str, str]], set[str]]] = []
+        self.committed_before_acting: list[list[tuple[str, str]]] = []  # what a crash of toolbus leaves
 
     def _look(self) -> None:
-        cut = self.syncs.power_cut(self.journal, self.scratch / f"cut{len(self.on_disk_before_acting)}")
+        seen = len(self.on_disk_before_acting)
+        cut = self.syncs.power_cut(self.journal, self.scratch / f"cut{seen}")
         self.on_disk_before_acting.append((tools(cut), blobs(cut)))
+        self.committed_before_acting.append(tools(fresh_copy(self.journal, self.scratch / f"crash{seen}")))
 
     async def is_dirty(self, path: str) -> bool | None:
         return True
@@ -271,7 +275,10 @@ class FakeEditor:
         return SaveOutcome(status="saved", after=NEW)
 
     async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
-        return TabMatch(status="found", buffer=1, tick=1, path=path or tab_name, modified=True, discarded=UNSAVED)
+        modified = self.unsaved is not None
+        return TabMatch(
+            status="found", buffer=1, tick=1, path=path or tab_name, modified=modified, discarded=self.unsaved
+        )
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         self._look()
@@ -308,7 +315,28 @@ def test_a_change_takes_two_syncs_and_keeps_its_text_on_disk_before_it_acts(
         anyio.run(_bus(journal, editor).handle, tool, arguments, CALLER)
         assert syncs.count(path, JOURNAL_THREAD) == 2
         assert editor.on_disk_before_acting == [([(tool, "in_doubt")], {blob_hash(kept)})]
+        assert editor.committed_before_acting == [[(tool, "in_doubt")]]
         assert tools(syncs.power_cut(path, tmp_path / "after")) == [(tool, "ok")]
+    finally:
+        journal.close()
+
+
+def test_closing_an_unmodified_buffer_takes_one_sync_and_writes_ahead_for_a_crash_of_toolbus(
+    syncs: SyncCounter, path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to keep: the wipe changes only Neovim's memory, which a power cut takes too. The
+    write-ahead row is committed before the wipe (a crash of toolbus finds the close in doubt)
+    without waiting for the disk; the outcome's one sync brings both there before the answer."""
+    monkeypatch.setattr(store, "READ_FLUSH_DELAY", 60)  # no background flush while we look
+    journal = SqliteJournal(path)
+    editor = FakeEditor(syncs, path, tmp_path, unsaved=None)
+    try:
+        syncs.reset()
+        anyio.run(_bus(journal, editor).handle, "close_tab", {"tab_name": "/src/a.py"}, CALLER)
+        assert syncs.count(path) == syncs.count(path, JOURNAL_THREAD) == 1
+        assert editor.committed_before_acting == [[("close_tab", "in_doubt")]]
+        assert editor.on_disk_before_acting == [([], set())]
+        assert tools(syncs.power_cut(path, tmp_path / "after")) == [("close_tab", "ok")]
     finally:
         journal.close()
 
@@ -353,8 +381,10 @@ class OutcomesFail:
     def __init__(self, journal: SqliteJournal) -> None:
         self.journal = journal
 
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
-        return await self.journal.begin(record, keep)
+    async def begin(
+        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+    ) -> int:
+        return await self.journal.begin(record, keep, durable=durable)
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
         await self.journal.keep_blobs(blobs)

@@ -181,11 +181,15 @@ class PostgresJournal:
 
     # --- bus.JournalWriter --------------------------------------------------------------------
 
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+    async def begin(
+        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+    ) -> int:
         key = uuid.uuid4()
 
         def work(conn: Connection) -> int:
             with conn.transaction():
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")  # the outcome's commit flushes it
                 if keep:
                     _insert_blobs(conn, keep)
                 return _insert_command(conn, key, record, "in_doubt", None, None)

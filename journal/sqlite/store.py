@@ -211,13 +211,15 @@ class SqliteJournal:
 
     # --- the bus's side (bus.Journal) ---------------------------------------------------
 
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None) -> int:
+    async def begin(
+        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+    ) -> int:
         def work(conn: sqlite3.Connection) -> int:
             if keep:
                 _insert_blobs(conn, keep)
             return _insert_command(conn, record, "in_doubt")
 
-        return await self._commit(work, sync=True, blobs=keep)
+        return await self._commit(work, sync=durable, blobs=keep)
 
     async def finish(
         self,
