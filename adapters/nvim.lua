@@ -73,16 +73,21 @@ local function find_in(buffers, wanted)
   return nil
 end
 
--- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
--- Names are compared first, as they are: a string each, where resolving them is a realpath each.
-local function find_open(path)
-  local wanted = normalise(path)
+-- The open buffer whose name is `wanted` as it is: a string compare each, where resolving every
+-- name would be a realpath each.
+local function named(wanted)
   for _, buf in ipairs(api.nvim_list_bufs()) do
     if api.nvim_buf_get_name(buf) == wanted and is_open(buf) then
       return buf
     end
   end
-  return find_in(open_buffers(), wanted)
+  return nil
+end
+
+-- The open buffer whose full name is `path`: exact comparison, symlinks resolved on both sides.
+local function find_open(path)
+  local wanted = normalise(path)
+  return named(wanted) or find_in(open_buffers(), wanted)
 end
 
 -- Any buffer named `path` by the same rule, even hidden, unlisted or unloaded: one that a
@@ -260,12 +265,22 @@ end
 function M.find_tab(tab_name, path)
   local exact, suffix = {}, {}
   local wanted = path ~= vim.NIL and normalise(path) or nil
-  local tail = '/' .. tab_name
-  for _, buf in ipairs(open_buffers()) do
-    if wanted and same_file(buf, wanted) then
-      exact[#exact + 1] = buf
-    elseif api.nvim_buf_get_name(buf):sub(-#tail) == tail then
-      suffix[#suffix + 1] = buf
+  local by_name = wanted and named(wanted)
+  if by_name then
+    exact = { by_name }
+  elseif wanted then
+    for _, each in ipairs(open_buffers()) do
+      if same_file(each, wanted) then
+        exact[#exact + 1] = each
+      end
+    end
+  end
+  if #exact == 0 then
+    local tail = '/' .. tab_name
+    for _, each in ipairs(open_buffers()) do
+      if api.nvim_buf_get_name(each):sub(-#tail) == tail then
+        suffix[#suffix + 1] = each
+      end
     end
   end
   local matches = #exact > 0 and exact or suffix

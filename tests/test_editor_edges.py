@@ -87,6 +87,24 @@ async def test_close_tab_with_an_ambiguous_suffix_closes_nothing(
     assert sorted(skipped["data"]["candidates"]) == [str(first), str(second)]
 
 
+async def test_close_tab_finds_a_buffer_by_its_real_path_and_through_a_symlink(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """Names are compared as they are first; a name that differs is resolved before it is
+    compared, on either side: the buffer's or the path asked for."""
+    make(files, "other.py")
+    nvim.edit(files / "other.py")
+    real = make(files, "real/a.py")
+    (files / "link.py").symlink_to(real)
+    nvim.edit(files / "link.py")  # a buffer named through the link
+    await client.call_tool("close_tab", {"tab_name": str(real)})
+    assert nvim.buffer_names() == [str(files / "other.py")]
+    (files / "dir").symlink_to(files / "real")
+    nvim.edit(real)
+    await client.call_tool("close_tab", {"tab_name": str(files / "dir" / "a.py")})  # asked through a link
+    assert nvim.buffer_names() == [str(files / "other.py")]
+
+
 async def test_close_tab_prefers_the_exact_full_path(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
