@@ -260,9 +260,10 @@ function M.write(buf, tick, disk)
 end
 
 -- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
--- with the unsaved text a wipe would discard. Nothing is closed yet: toolbus keeps that
--- text in its journal first, then calls M.wipe.
-function M.find_tab(tab_name, path)
+-- with the unsaved text a wipe would discard. A buffer with unsaved text is not closed yet:
+-- toolbus keeps that text in its journal first, then calls M.wipe. One without is wiped at
+-- once when `wipe_unmodified` (status 'wiped'): there is nothing to keep.
+function M.find_tab(tab_name, path, wipe_unmodified)
   local exact, suffix = {}, {}
   local wanted = path ~= vim.NIL and normalise(path) or nil
   local by_name = wanted and named(wanted)
@@ -296,11 +297,16 @@ function M.find_tab(tab_name, path)
   end
   local buf = matches[1]
   local modified = vim.bo[buf].modified
+  local path_found = normalise(names[1])
+  if wipe_unmodified and not modified then
+    api.nvim_buf_delete(buf, { force = true })
+    return { status = 'wiped', path = path_found }
+  end
   return {
     status = 'found',
     buffer = buf,
     tick = api.nvim_buf_get_changedtick(buf),
-    path = normalise(names[1]),
+    path = path_found,
     modified = modified,
     discarded = modified and buffer_text(buf) or vim.NIL,
   }

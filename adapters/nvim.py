@@ -375,8 +375,9 @@ class NvimEditor:
         result = await self._lua("write", target.buffer, target.tick, target.disk)
         return msgspec.convert(_to_bytes(result, ("after",)), SaveOutcome)
 
-    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
-        return msgspec.convert(_to_bytes(await self._lua("find_tab", tab_name, path), ("discarded",)), TabMatch)
+    async def find_tab(self, tab_name: str, path: str | None, *, wipe_unmodified: bool = False) -> TabMatch:
+        found = await self._lua("find_tab", tab_name, path, wipe_unmodified)
+        return msgspec.convert(_to_bytes(found, ("discarded",)), TabMatch)
 
     async def wipe(self, buffer: int, tick: int) -> bool:
         return bool(await self._lua("wipe", buffer, tick))

@@ -197,29 +197,31 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
         return TAB_CLOSED
     expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed
     exact = expanded if os.path.isabs(expanded) else None
+    # Written ahead before the lookup, which wipes a buffer with nothing unsaved at once (one
+    # request). Such a wipe changes only Neovim's memory, which a power cut takes as well: the
+    # row need only survive a crash of toolbus, and the outcome's sync brings it to the disk.
+    await context.write_ahead(durable=False)
     for _ in range(WIPE_ATTEMPTS):
-        match = await editor.find_tab(command.tab_name, exact)
-        if match.status != "found":
+        match = await editor.find_tab(command.tab_name, exact, wipe_unmodified=True)
+        if match.status == "not_found" or match.status == "ambiguous":
             await context.commit(
                 TabCloseSkipped(tab_name=command.tab_name, reason=match.status, candidates=match.candidates)
             )
             return TAB_CLOSED
         kept = {} if match.discarded is None else {blob_hash(match.discarded): match.discarded}
-        # Before the wipe, with the unsaved text, durably: a close is never a loss, whatever
-        # happens next (a wipe deletes the buffer's swap file too). With nothing to keep, a wipe
-        # changes only Neovim's memory, which a power cut takes as well: the row need only
-        # survive a crash of toolbus, and the outcome's sync brings it to the disk.
-        await context.write_ahead(kept, durable=bool(kept))
-        if await editor.wipe(match.buffer, match.tick):
-            await context.commit(
-                TabClosed(
-                    path=match.path,
-                    tab_name=command.tab_name,
-                    was_modified=match.modified,
-                    discarded_blob=next(iter(kept), None),
-                )
+        if match.status == "found":  # unsaved text: on disk before the wipe, so a close is never
+            await context.write_ahead(kept)  # a loss, whatever happens next (the swap file goes too)
+            if not await editor.wipe(match.buffer, match.tick):
+                continue
+        await context.commit(
+            TabClosed(
+                path=match.path,
+                tab_name=command.tab_name,
+                was_modified=match.modified,
+                discarded_blob=next(iter(kept), None),
             )
-            return TAB_CLOSED
+        )
+        return TAB_CLOSED
     # The user kept typing into it: leave their buffer alone rather than chase it.
     await context.commit(TabCloseSkipped(tab_name=command.tab_name, reason="busy", candidates=[match.path]))
     return TAB_CLOSED

@@ -44,9 +44,10 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
-    """The buffer close_tab would wipe (found, not yet wiped), or why there is none."""
+    """The buffer close_tab would wipe (found, not yet wiped), the one it wiped at once (nothing
+    unsaved), or why there is none."""
 
-    status: Literal["found", "not_found", "ambiguous"]
+    status: Literal["found", "wiped", "not_found", "ambiguous"]
     buffer: int = 0
     tick: int = 0  # b:changedtick when found: the wipe happens only if it is unchanged
     path: str = ""  # the buffer's file as Neovim resolves it (symlinks resolved)
@@ -181,8 +182,9 @@ class Editor(Protocol):
         """Write an inspected buffer, unless it or its file changed since."""
         ...
 
-    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
-        """The one open buffer named exactly `path`, else the one ending in `/tab_name`."""
+    async def find_tab(self, tab_name: str, path: str | None, *, wipe_unmodified: bool = False) -> TabMatch:
+        """The one open buffer named exactly `path`, else the one ending in `/tab_name`; with
+        `wipe_unmodified`, wiped at once if it has no unsaved text (status `wiped`)."""
         ...
 
     async def wipe(self, buffer: int, tick: int) -> bool:

@@ -274,7 +274,10 @@ class FakeEditor:
         self._look()
         return SaveOutcome(status="saved", after=NEW)
 
-    async def find_tab(self, tab_name: str, path: str | None) -> TabMatch:
+    async def find_tab(self, tab_name: str, path: str | None, *, wipe_unmodified: bool = False) -> TabMatch:
+        if self.unsaved is None and wipe_unmodified:
+            self._look()
+            return TabMatch(status="wiped", path=path or tab_name)
         modified = self.unsaved is not None
         return TabMatch(
             status="found", buffer=1, tick=1, path=path or tab_name, modified=modified, discarded=self.unsaved
