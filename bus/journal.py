@@ -87,7 +87,8 @@ class JournalWriter(Protocol):
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store texts (content-addressed, so idempotent) in a transaction of their own,
-        durable on disk when this returns."""
+        durable on disk when this returns, and every commit before it with them: texts kept
+        already included."""
         ...
 
 

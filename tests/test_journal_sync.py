@@ -324,6 +324,26 @@ def test_a_change_takes_two_syncs_and_keeps_its_text_on_disk_before_it_acts(
         journal.close()
 
 
+def test_a_close_whose_unsaved_text_the_journal_holds_already_is_on_disk_before_the_wipe(
+    syncs: SyncCounter, path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text kept once already makes keeping it again an empty transaction, which SQLite
+    neither writes nor syncs: the write-ahead row before it, committed without a sync, must
+    reach the disk all the same before the wipe."""
+    monkeypatch.setattr(store, "READ_FLUSH_DELAY", 60)  # no background flush while we look
+    journal = SqliteJournal(path)
+    editor = FakeEditor(syncs, path, tmp_path)
+    try:
+        bus = _bus(journal, editor)
+        for _ in range(2):
+            anyio.run(bus.handle, "close_tab", {"tab_name": "/src/a.py"}, CALLER)
+        commands, texts = editor.on_disk_before_acting[1]
+        assert commands == [("close_tab", "ok"), ("close_tab", "in_doubt")]
+        assert texts == {blob_hash(UNSAVED)}
+    finally:
+        journal.close()
+
+
 def test_closing_an_unmodified_buffer_takes_one_sync_and_writes_ahead_for_a_crash_of_toolbus(
     syncs: SyncCounter, path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -184,12 +184,12 @@ class PostgresJournal:
     async def begin(
         self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
     ) -> int:
+        # Always durable, `durable` or not: the journal is another machine's, whose crash or
+        # failover Neovim would outlive, and the outcome would then update a row that is gone.
         key = uuid.uuid4()
 
         def work(conn: Connection) -> int:
             with conn.transaction():
-                if not durable:
-                    conn.execute("SET LOCAL synchronous_commit = off")  # the outcome's commit flushes it
                 if keep:
                     _insert_blobs(conn, keep)
                 return _insert_command(conn, key, record, "in_doubt", None, None)

@@ -326,7 +326,15 @@ class SqliteJournal:
         return await self.run(work)
 
     async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        await self._commit(lambda conn: _insert_blobs(conn, blobs), sync=True, blobs=blobs)
+        def work(conn: sqlite3.Connection) -> bool:
+            before = conn.total_changes
+            _insert_blobs(conn, blobs)
+            return conn.total_changes != before
+
+        if not await self._commit(work, sync=True, blobs=blobs) and self._synchronous == "FULL":
+            # Texts kept already leave the transaction empty, and SQLite then writes and syncs
+            # nothing: a write-ahead row committed without a sync before it would stay off the disk.
+            await self.run(lambda conn: self._flusher.sync_now())
 
     def rebuild_memory(self) -> int:
         """Drop the memory store and rebuild it from the journal's events; the observation count."""
@@ -539,6 +547,18 @@ class _Flusher:
     def synced(self) -> None:
         """A commit synced the -wal file, with every earlier frame in it."""
         self._pending = False
+
+    def sync_now(self) -> None:
+        """fsync the -wal file here and now, every commit in it with it; raises if that fails."""
+        self._pending = False
+        try:
+            fd = os.open(self._wal, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise JournalUnavailable(f"could not bring the journal to the disk ({self._wal}): {error}") from error
 
     def stop(self) -> None:
         self._stopping.set()
