@@ -452,6 +452,28 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
             )
 
 
+def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:
+    """A toolbus of schema 7 or before, still running on a journal a newer one migrated, writes
+    the row and its words and knows nothing of `observation_audience`: a trigger fills it."""
+    first = memory.add("apple", JAN_1)
+
+    def save_as_schema_7(conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA foreign_keys = OFF")  # the row's event is not the point here
+        with conn:
+            conn.execute(
+                "INSERT INTO observations (id, title, text, type, project, memory_session_id, facts, concepts,"
+                " agent, department, visibility, created_at_epoch, extra)"
+                " VALUES (1000, 'apple', 'apple', 'discovery', 'p', 's', '[]', '[]', 'old', 'd', 'public', ?, '{}')",
+                (JAN_1 + 1,),
+            )
+            conn.execute("INSERT INTO observations_fts (rowid, title, text, tags) VALUES (1000, 'apple', 'apple', '')")
+        conn.execute("PRAGMA foreign_keys = ON")
+
+    memory.journal.run_sync(save_as_schema_7)
+    assert memory.search(text="apple") == [1000, first]
+    assert memory.total(text="apple") == 2
+
+
 # --- what a search reads ----------------------------------------------------------------------
 
 

@@ -53,6 +53,13 @@ _FILL_AUDIENCE = (
     "INSERT INTO observation_audience (id, visibility, department, agent, created_at_epoch)"
     " SELECT id, visibility, department, agent, created_at_epoch FROM observations"
 )
+# A trigger, not toolbus's code, keeps it in step (schema 9): a toolbus of schema 7 or before
+# still running on the file when a newer one migrated it never looks at the schema again, and
+# the observations it saves must be found by the newer one's searches all the same.
+_AUDIENCE_KEPT = """CREATE TRIGGER observation_audience_kept AFTER INSERT ON observations BEGIN
+        INSERT INTO observation_audience (id, visibility, department, agent, created_at_epoch)
+        VALUES (new.id, new.visibility, new.department, new.agent, new.created_at_epoch);
+    END"""
 _TABLES = (
     """CREATE TABLE observations (
         id INTEGER PRIMARY KEY REFERENCES events (position),  -- its ObservationSaved event
@@ -71,6 +78,7 @@ _TABLES = (
     )""",
     *_INDEXES.values(),
     _AUDIENCE,
+    _AUDIENCE_KEPT,
     # How many observations each audience has, so a search without words counts its total
     # without reading every row.
     """CREATE TABLE observation_tallies (
@@ -117,6 +125,14 @@ def add_audience_table(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX IF EXISTS observations_visible")
 
 
+def keep_audience_by_trigger(conn: sqlite3.Connection) -> None:
+    """Schema 9: the trigger that fills `observation_audience`, and the rows a toolbus of an
+    older schema saved since the table was made (a migration step)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'observation_audience_kept'").fetchone() is None:
+        conn.execute(_AUDIENCE_KEPT)
+    conn.execute(_FILL_AUDIENCE + " WHERE id NOT IN (SELECT id FROM observation_audience)")
+
+
 def reset_memory_tables(conn: sqlite3.Connection) -> None:
     """Drop and recreate the memory tables, empty, inside the caller's transaction:
     the first step of rebuilding the store from the journal's events."""
@@ -154,8 +170,7 @@ Audience = tuple[str, str, str, str, str]  # a tally's key: project, type, visib
 
 def apply_observation(conn: sqlite3.Connection, position: int, event: ObservationSaved) -> None:
     """Project one saved observation (id = its event's journal position) into the store."""
-    conn.execute(_INSERT_ROW, observation_row(position, event))
-    conn.execute(_FILL_AUDIENCE + " WHERE id = ?", (position,))
+    conn.execute(_INSERT_ROW, observation_row(position, event))  # and its audience, by trigger
     conn.execute(_INSERT_INDEXED, _indexed(position, event))
     conn.execute(_ADD_TO_TALLY, (*_audience(event), 1))
 
@@ -167,11 +182,13 @@ def load_observations(conn: sqlite3.Connection, observations: Iterable[tuple[int
     inserts per row), and each tally is added to once. Returns how many observations there were."""
     for name in _INDEXES:
         conn.execute(f"DROP INDEX {name}")
+    conn.execute("DROP TRIGGER observation_audience_kept")
     _set_index_option(conn, "hashsize", _LOAD_HASHSIZE)
     count, tallies = _load_batches(conn, iter(observations))
     for statement in _INDEXES.values():
         conn.execute(statement)
     conn.execute(_FILL_AUDIENCE)
+    conn.execute(_AUDIENCE_KEPT)
     conn.executemany(_ADD_TO_TALLY, [(*audience, n) for audience, n in sorted(tallies.items())])
     # Put the default back, and drop the row that records it: configured as a new index is.
     _set_index_option(conn, "hashsize", _DEFAULT_HASHSIZE)

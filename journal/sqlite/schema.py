@@ -13,7 +13,12 @@ from collections.abc import Callable
 import sqlite_utils
 
 from toolbus.bus.errors import JournalUnavailable
-from toolbus.journal.sqlite.memory import add_audience_table, create_memory_tables, create_missing_indexes
+from toolbus.journal.sqlite.memory import (
+    add_audience_table,
+    create_memory_tables,
+    create_missing_indexes,
+    keep_audience_by_trigger,
+)
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -171,6 +176,11 @@ def _audience_table(db: sqlite_utils.Database) -> None:
     add_audience_table(db.conn)
 
 
+def _audience_trigger(db: sqlite_utils.Database) -> None:
+    """That table kept in step by a trigger, whatever toolbus saves an observation."""
+    keep_audience_by_trigger(db.conn)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_core,
     _memory_tables,
@@ -180,6 +190,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _host,
     _search_index,
     _audience_table,
+    _audience_trigger,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
