@@ -209,8 +209,10 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
             )
             return TAB_CLOSED
         kept = {} if match.discarded is None else {blob_hash(match.discarded): match.discarded}
-        if match.status == "found":  # unsaved text: on disk before the wipe, so a close is never
-            await context.write_ahead(kept)  # a loss, whatever happens next (the swap file goes too)
+        if match.status == "found":
+            # Unsaved text, on disk before the wipe: a close is never a loss, whatever happens
+            # next (the wipe deletes the buffer's swap file too).
+            await context.write_ahead(kept)
             if not await editor.wipe(match.buffer, match.tick):
                 continue
         await context.commit(

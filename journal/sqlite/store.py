@@ -552,11 +552,7 @@ class _Flusher:
         """fsync the -wal file here and now, every commit in it with it; raises if that fails."""
         self._pending = False
         try:
-            fd = os.open(self._wal, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(self._wal)
         except OSError as error:
             raise JournalUnavailable(f"could not bring the journal to the disk ({self._wal}): {error}") from error
 
@@ -579,15 +575,19 @@ class _Flusher:
             return
         self._pending = False
         try:
-            fd = os.open(self._wal, os.O_RDONLY)
+            _fsync(self._wal)
         except FileNotFoundError:  # the last connection closed: checkpointed, synced and removed
-            return
-        try:
-            os.fsync(fd)
+            pass
         except OSError:
             log.warning("could not fsync %s: reads' records wait for the next change", self._wal, exc_info=True)
-        finally:
-            os.close(fd)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _INSERT_COMMAND = (
