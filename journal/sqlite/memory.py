@@ -373,12 +373,14 @@ def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list
     """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
     title or tags score above the least, and they are few; the rest keep their order. The sets
     come from the index, hidden rows included, but are only looked up: never counted or shown."""
-    match = " AND ".join(phrases)
     bonus: Counter[int] = Counter()
     for phrase in phrases:
+        # The phrase in the column, the others anywhere: the matches, without FTS5 walking the
+        # phrase's own entries twice (a quarter of each query's time at 1M observations).
+        others = "".join(f" AND {other}" for other in phrases if other != phrase)
         found: set[int] = set()  # a phrase scores its best column only
         for column, weight in _RANKED_COLUMNS:
-            rows = conn.execute(_IN_COLUMN, (f"{{{column}}} : {phrase} AND ({match})",))
+            rows = conn.execute(_IN_COLUMN, (f"{{{column}}} : {phrase}{others}",))
             in_column = {row[0] for row in rows} - found
             bonus.update(dict.fromkeys(in_column, weight - _TEXT_WEIGHT))
             found |= in_column
