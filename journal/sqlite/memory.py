@@ -255,6 +255,7 @@ _VISIBLE = (
     " OR (o.visibility = 'department' AND o.department = :viewer_department)"
     " OR (o.visibility = 'private' AND o.agent = :viewer_agent))"
 )
+_ROWS = "observations o"  # what a query reads when it has no words
 # The matches of a search's words, checked against `observation_audience` (alias `o`). CROSS
 # JOIN keeps the word index in the outer loop: a filter's index (project, time) would otherwise
 # tempt the planner into probing the word index once per row of the filter.
@@ -267,7 +268,7 @@ class _Where:
     """SQL conditions and their parameters, always starting with what the viewer may see, and
     the rows they are conditions on (`source`, alias `o`)."""
 
-    def __init__(self, viewer: Caller, source: str = "observations o") -> None:
+    def __init__(self, viewer: Caller, source: str = _ROWS) -> None:
         self.source = source
         self.conditions = [_VISIBLE]
         self.params: dict[str, Any] = {"viewer_agent": viewer.agent, "viewer_department": viewer.department}
@@ -286,7 +287,7 @@ class _Where:
         return other
 
 
-def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True, source: str = "observations o") -> _Where:
+def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True, source: str = _ROWS) -> _Where:
     """`query`'s filters on `source`, whose alias `r` holds project and type when it has one."""
     where = _Where(viewer, source)
     row = "r" if source == _MATCHES_AND_ROWS else "o"
