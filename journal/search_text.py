@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 # Letters of scripts written without spaces between words (Han, kana) and Hangul, whose
@@ -168,3 +168,33 @@ def _fold_char(char: str) -> str:
     if len(parts) > 1 and parts[0].isascii() and all(unicodedata.combining(mark) for mark in parts[1:]):
         return parts[0]
     return folded
+
+
+# --- a phrase in a text, as the index finds it ----------------------------------------------
+
+
+def holds(text: str, phrase: Phrase) -> bool:
+    """Whether the index finds `phrase` in saved `text` (before `searchable`): its tokens one
+    after another, the last one as a prefix when `phrase.prefix`."""
+    wanted = _phrase_tokens(phrase)
+    if text.isascii():
+        lowered = text.lower()
+        # A token of ASCII text is a piece of its lowered form: most texts fail here, unsplit.
+        if not all(token in lowered for token in wanted):
+            return False
+        return _in_order(_ASCII_TOKEN.findall(lowered), wanted, phrase.prefix)
+    return _in_order(tokens(searchable(text)), wanted, phrase.prefix)
+
+
+@lru_cache(maxsize=256)
+def _phrase_tokens(phrase: Phrase) -> tuple[str, ...]:
+    return tuple(tokens(phrase.text))
+
+
+def _in_order(found: list[str], wanted: tuple[str, ...], prefix: bool) -> bool:
+    *head, last = wanted
+    for start in range(len(found) - len(head)):
+        end = start + len(head)
+        if found[start:end] == head and (found[end].startswith(last) if prefix else found[end] == last):
+            return True
+    return False

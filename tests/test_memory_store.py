@@ -452,6 +452,40 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
             )
 
 
+# Words whose tokens unicode61 folds or cuts in ways worth checking: accents, ligatures, other
+# scripts' cases, full-width letters, CJK runs, punctuation inside and around words.
+_TRICKY = [
+    *["alpha", "beta", "gamma", "v1.2", "3.14", "foo_bar", "it's", "a\\b", "src/store.py", "end."],
+    *["Café", "cafe", "naïve", "ÉCOLE", "ecole", "Straße", "strasse", "σοφία", "ΣΟΦΊΑ", "ﬁle", "file", "x\u0301y"],
+    *["Ｗｉｄｅ", "wide", "数据库", "データベース", "데이터", "東京タワー", "库", "ー"],
+]
+_TRICKY_QUERIES = [*_TRICKY, "caf*", "ec*", "fi*", "σοφια", "数", "東京", "据库", "タワ"]
+_TRICKY_QUERIES += ['"alpha beta"', '"beta alpha"']
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_scores_read_from_the_rows_are_the_index_s(memory: Memory, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries of several phrases score their matches from the rows' title and tags, by the
+    tokenizer's rules in Python: the same ranking as FTS5's column queries give."""
+    rng = random.Random(seed)
+
+    def words(most: int) -> str:
+        return " ".join(rng.choices(_TRICKY, k=rng.randint(1, most)))
+
+    for i in range(150):
+        facts, concepts = [words(3) for _ in range(rng.randint(0, 2))], [words(2) for _ in range(rng.randint(0, 1))]
+        memory.add(words(4), JAN_1 + i, text=words(10), facts=facts, concepts=concepts)
+    reordered = 0
+    for _ in range(200):
+        text = " ".join(rng.choices(_TRICKY_QUERIES, k=rng.randint(1, 4)))
+        monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 1)
+        on_rows = memory.search(text=text, limit=200)
+        monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 10**9)
+        assert memory.search(text=text, limit=200) == on_rows, text
+        reordered += on_rows != sorted(on_rows, reverse=True)
+    assert reordered > 50  # titles and tags did reorder matches: the scores were compared
+
+
 def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:
     """A toolbus of schema 7 or before, still running on a journal a newer one migrated, writes
     the row and its words and knows nothing of `observation_audience`: a trigger fills it."""

@@ -27,7 +27,7 @@ from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
 from toolbus.journal.rows import observation_row
-from toolbus.journal.search_text import Phrase, query_phrases, searchable
+from toolbus.journal.search_text import Phrase, holds, query_phrases, searchable
 
 T = TypeVar("T")
 
@@ -214,8 +214,13 @@ def _set_index_option(conn: sqlite3.Connection, name: str, value: int) -> None:
 
 
 def _indexed(position: int, event: ObservationSaved) -> tuple[int, str, str, str]:
-    tags = "\n".join([*event.facts, *event.concepts])
+    tags = _tags(event.facts, event.concepts)
     return position, searchable(event.title), searchable(event.text), searchable(tags)
+
+
+def _tags(facts: list[str], concepts: list[str]) -> str:
+    """The `tags` column's text: a phrase may run from one fact into the next, as in the index."""
+    return "\n".join([*facts, *concepts])
 
 
 # A tally's key, read in C: a Counter fed through map() counts without a Python call per row.
@@ -303,15 +308,15 @@ def _search_where(query: SearchQuery, viewer: Caller, *, dates: bool = True, sou
     return where
 
 
-def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[str]] | None:
+def _matching(query: SearchQuery, viewer: Caller) -> tuple[_Where, list[Phrase]] | None:
     """The conditions of a search with words and its phrases, or None when its words can
     match nothing."""
-    phrases = _fts_phrases(query.text or "")
+    phrases = query_phrases(query.text or "")
     if not phrases:
         return None
     source = _MATCHES_AND_ROWS if query.project is not None or query.types else _MATCHES
     where = _search_where(query, viewer, source=source)
-    where.add("observations_fts MATCH :match", match=" AND ".join(phrases))
+    where.add("observations_fts MATCH :match", match=" AND ".join(map(_fts_string, phrases)))
     return where, phrases
 
 
@@ -337,7 +342,7 @@ _LEVELLED_PHRASES = 3
 
 
 def _match_page(
-    conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str], total: int
+    conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[Phrase], total: int
 ) -> list[int]:
     """The ids of one page of the visible matches, in the order asked. SQL pages by date, and by
     relevance when there are many matches: only the page's ids are read, never all of them."""
@@ -366,14 +371,48 @@ def _ids(conn: sqlite3.Connection, where: _Where, order: str, limit: int, offset
 # score needs no statistics, and PostgreSQL computes it the same way (a tsquery per column).
 _RANKED_COLUMNS = (("title", 5), ("tags", 2))
 _TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither above, the text
+
+
+def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[Phrase]) -> list[int]:
+    """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
+    title or tags score above the least, and they are few; the rest keep their order."""
+    if len(phrases) >= SCORED_ON_ROWS_FROM:
+        bonus = _bonus_on_rows(conn, newest_first, phrases)
+    else:
+        bonus = _bonus_in_index(conn, list(map(_fts_string, phrases)))
+    visible = set(newest_first)
+    best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
+    return best + [i for i in newest_first if i not in bonus]
+
+
+# From this many phrases, a match's score comes from its row's title and tags (2-4 µs a row):
+# each of FTS5's column queries walks every phrase's entries, 2 ms at 1M observations for
+# three middling words, and a query asks two per phrase. One phrase's walks are cheap.
+SCORED_ON_ROWS_FROM = 2
+_TITLE_AND_TAGS = "SELECT id, title, facts, concepts FROM observations WHERE id IN (SELECT value FROM json_each(?))"
+_strings = msgspec.json.Decoder(list[str])
+
+
+def _bonus_on_rows(conn: sqlite3.Connection, ids: list[int], phrases: list[Phrase]) -> Counter[int]:
+    """What `ids` score above the least, from their rows: each phrase, in the best column
+    that holds it (the tokenizer's rules, `search_text.holds`)."""
+    bonus: Counter[int] = Counter()
+    for id_, title, facts, concepts in conn.execute(_TITLE_AND_TAGS, (_json.encode(ids).decode(),)):
+        texts = {"title": title, "tags": _tags(_strings.decode(facts), _strings.decode(concepts))}
+        for phrase in phrases:
+            weight = next((weight for column, weight in _RANKED_COLUMNS if holds(texts[column], phrase)), None)
+            if weight is not None:
+                bonus[id_] += weight - _TEXT_WEIGHT
+    return bonus
+
+
 # The matches holding one phrase in one column: the index alone answers, no row is read.
 _IN_COLUMN = "SELECT rowid FROM observations_fts WHERE observations_fts MATCH ?"
 
 
-def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[str]) -> list[int]:
-    """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
-    title or tags score above the least, and they are few; the rest keep their order. The sets
-    come from the index, hidden rows included, but are only looked up: never counted or shown."""
+def _bonus_in_index(conn: sqlite3.Connection, phrases: list[str]) -> Counter[int]:
+    """What the matches of `phrases` (FTS5 strings) score above the least, from the index: its
+    sets hold hidden rows too, but are only looked up, never counted or shown."""
     bonus: Counter[int] = Counter()
     for phrase in phrases:
         # The phrase in the column, the others anywhere: the matches, without FTS5 walking the
@@ -385,18 +424,16 @@ def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list
             in_column = {row[0] for row in rows} - found
             bonus.update(dict.fromkeys(in_column, weight - _TEXT_WEIGHT))
             found |= in_column
-    visible = set(newest_first)
-    best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
-    return best + [i for i in newest_first if i not in bonus]
+    return bonus
 
 
-def _levelled_page(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[str]) -> list[int]:
+def _levelled_page(conn: sqlite3.Connection, query: SearchQuery, where: _Where, phrases: list[Phrase]) -> list[int]:
     """A page of `_best_first`'s order read level by level, best first: each level is one
     FTS5 expression, and FTS5 yields its rows newest first lazily, so a level that fills the
     rest of the page stops after it; only a level wholly before the page is counted."""
     page: list[int] = []
     skip = query.offset
-    for level in _score_levels(phrases):
+    for level in _score_levels(list(map(_fts_string, phrases))):
         at_level = where.matching(level)
         ids = _ids(conn, at_level, "observations_fts.rowid DESC", query.limit - len(page), skip)
         if ids:
