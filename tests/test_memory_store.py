@@ -414,7 +414,8 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
     memory: Memory, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past `RANK_ALL_UP_TO` matches a relevance page comes level by level from SQL: the same
-    pages, whether they lie in one level, straddle two, or start past the title and tag hits."""
+    pages, whether they lie in one level, straddle two, or start past the title and tag hits.
+    The total is the same, counted on from the matches read first."""
     rng = random.Random(seed)
     for i in range(80):
         saved = _saved(rng, i)
@@ -431,6 +432,7 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
     queries = [
         {"text": t} for t in ("apple", "apple pear", '"pear plum"', "数据库 apple", "pl* fsync", "apple pear plum")
     ]
+    queries.append({"text": "apple pear plum fsync"})  # too many phrases for levels: all its matches ranked
     queries += [{"text": "apple", "project": "q"}, {"text": "pear fsync", "types": ("bugfix", "discovery")}]
     for viewer in viewers:
         for query in queries:
