@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSaved, decode_event
-from toolbus.bus.queries import SearchQuery, TimelineQuery
+from toolbus.bus.queries import SearchPage, SearchQuery, TimelineQuery
 from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
 from toolbus.journal.sqlite import memory as store
 from toolbus.journal.sqlite.memory import (
+    AudienceMarks,
     apply_observation,
     get_observations_sync,
     match_expression,
@@ -147,6 +148,7 @@ class Memory:
     def __init__(self, path: Path) -> None:
         self.journal = SqliteJournal(path)
         self._record = CommandRecord(tool="save", arguments={}, caller=Caller(), received_ns=0)
+        self.marks: AudienceMarks | None = AudienceMarks()  # as the server's store keeps them
 
     def add(self, title: str, at: int, **fields: Any) -> int:
         defaults: dict[str, Any] = {
@@ -167,14 +169,16 @@ class Memory:
         return position
 
     def search(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
-        page = self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer))
-        return [row.id for row in page.results]
+        return [row.id for row in self.page(viewer, **query).results]
 
     def total(self, viewer: Caller = ANYONE, **query: Any) -> int:
-        return self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer)).total
+        return self.page(viewer, **query).total
+
+    def page(self, viewer: Caller = ANYONE, **query: Any) -> SearchPage:
+        return self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer, self.marks))
 
     def timeline(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
-        page = self.journal.run_sync(lambda conn: timeline_sync(conn, TimelineQuery(**query), viewer))
+        page = self.journal.run_sync(lambda conn: timeline_sync(conn, TimelineQuery(**query), viewer, self.marks))
         return [row.id for row in page.results]
 
 
@@ -404,6 +408,37 @@ def test_hidden_notes_never_change_what_a_caller_observes(memory: Memory, seed: 
     before = [_answers(memory, viewer, text) for viewer in viewers for text in queries]
     _hide(memory, rng, ["apple", "pear", "plum", "数据库", "café", "fsync", "データ"], 60)
     assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == before
+
+
+def test_marks_of_what_each_caller_may_see_answer_as_the_audience_table(tmp_path: Path) -> None:
+    """A search of words by relevance checks its matches against the caller's marks, kept in
+    step with observations another process saves: the same pages, totals and anchors as
+    checking them against `observation_audience`, and no audience row read once marked."""
+    memory, other = Memory(tmp_path / "journal.db"), Memory(tmp_path / "journal.db")
+    rng = random.Random(5)
+    viewers = [ANYONE, Caller(agent="writer", department="d"), Caller(agent="x", department="e"), HIDDEN]
+    queries = ["apple", "apple pear", '"pear plum"', "数据库 apple", "cafe fsync", "pl*", "データ"]
+    marks = AudienceMarks()
+    for rounds in range(3):
+        for i in range(30):  # saved by another connection: this one's marks must catch up
+            saved = _saved(rng, 100 * rounds + i)
+            fields = ("text", "type", "project", "facts", "concepts", "agent", "department", "visibility")
+            other.add(saved.title, saved.created_at_epoch, **{name: getattr(saved, name) for name in fields})
+        _hide(other, rng, ["apple", "pear", "plum", "数据库", "fsync", "データ"], 10)
+        memory.marks = marks
+        marked = [_answers(memory, viewer, text) for viewer in viewers for text in queries]
+        memory.marks = None
+        assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == marked
+    memory.marks = AudienceMarks(viewers=1)  # each caller's marks made anew, the last one's dropped
+    assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == marked
+    for order_by, audience_read in (("relevance", False), ("date_desc", True)):  # by date: its times
+        statements: list[str] = []
+        memory.journal.run_sync(lambda conn, traced=statements: conn.set_trace_callback(traced.append))
+        assert memory.total(text="apple", order_by=order_by) > 0
+        matched = [sql for sql in statements if "MATCH" in sql]
+        assert matched and all(("observation_audience" in sql) == audience_read for sql in matched), matched
+    memory.journal.close()
+    other.journal.close()
 
 
 # --- a relevance page read score level by score level ---------------------------------------
