@@ -462,12 +462,15 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
                 for name in ("text", "type", "project", "facts", "concepts", "agent", "department", "visibility")
             },
         )
-    _hide(memory, rng, ["apple", "pear", "plum", "fsync"], 20)
+    for i in range(5):  # a word only in texts, but in the titles of hidden notes
+        memory.add(f"untitled {i}", JAN_1 + i, text=f"quince {i}")
+    _hide(memory, rng, ["apple", "pear", "plum", "fsync", "quince"], 20)
     viewers = [ANYONE, Caller(agent="writer", department="d"), HIDDEN]
     queries = [
         {"text": t} for t in ("apple", "apple pear", '"pear plum"', "数据库 apple", "pl* fsync", "apple pear plum")
     ]
     queries.append({"text": "apple pear plum fsync"})  # too many phrases for levels: all its matches ranked
+    queries += [{"text": "quince"}, {"text": "quince 3"}]
     queries += [{"text": "apple", "project": "q"}, {"text": "pear fsync", "types": ("bugfix", "discovery")}]
     for viewer in viewers:
         for query in queries:

@@ -501,9 +501,14 @@ def _levelled_page(conn: sqlite3.Connection, query: SearchQuery, where: _Where, 
     """A page of `_best_first`'s order read level by level, best first: each level is one
     FTS5 expression, and FTS5 yields its rows newest first lazily, so a level that fills the
     rest of the page stops after it; only a level wholly before the page is counted."""
+    fts_phrases = list(map(_fts_string, phrases))
+    if not _ids(conn, where.matching(_in_ranked_columns(fts_phrases)), "observations_fts.rowid", 1, 0):
+        # Often so for phrases: every match scores the least, and the page is the newest. One
+        # walk of the words instead of one per level (two for a level excluding those above).
+        return _ids(conn, where, _INDEX_ORDER, query.limit, query.offset)
     page: list[int] = []
     skip = query.offset
-    for level in _score_levels(list(map(_fts_string, phrases))):
+    for level in _score_levels(fts_phrases):
         at_level = where.matching(level)
         ids = _ids(conn, at_level, _INDEX_ORDER, query.limit - len(page), skip)
         if ids:
@@ -514,6 +519,13 @@ def _levelled_page(conn: sqlite3.Connection, query: SearchQuery, where: _Where, 
         if len(page) == query.limit:
             break
     return page
+
+
+def _in_ranked_columns(phrases: list[str]) -> str:
+    """An FTS5 expression of the matches of `phrases` with any of them in a ranked column."""
+    columns = " ".join(column for column, _ in _RANKED_COLUMNS)
+    every = "".join(f" AND {phrase}" for phrase in phrases) if len(phrases) > 1 else ""
+    return f"{{{columns}}} : ({' OR '.join(phrases)}){every}"
 
 
 def _score_levels(phrases: list[str]) -> list[str]:
