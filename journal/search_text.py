@@ -12,10 +12,16 @@ character a prefix of any indexed token.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
+import threading
 import unicodedata
 from functools import cache, lru_cache
 from typing import NamedTuple
+
+# The SQLite store's FTS5 tokenizer, which `tokens` reproduces.
+FTS5_TOKENIZER = "unicode61 remove_diacritics 2"
 
 # Letters of scripts written without spaces between words (Han, kana) and Hangul, whose
 # words unicode61 cannot find inside a run. Punctuation of those blocks is left out.
@@ -175,7 +181,8 @@ def _fold_char(char: str) -> str:
 
 def holds(text: str, phrase: Phrase) -> bool:
     """Whether the index finds `phrase` in saved `text` (before `searchable`): its tokens one
-    after another, the last one as a prefix when `phrase.prefix`."""
+    after another, the last one as a prefix when `phrase.prefix`. Exact where
+    `split_as_by_sqlite` says so of the text and the phrase."""
     wanted = _phrase_tokens(phrase)
     if text.isascii():
         lowered = text.lower()
@@ -198,3 +205,42 @@ def _in_order(found: list[str], wanted: tuple[str, ...], prefix: bool) -> bool:
         if found[start:end] == head and (found[end].startswith(last) if prefix else found[end] == last):
             return True
     return False
+
+
+# --- where `tokens` is SQLite's tokenizer ------------------------------------------------------
+
+# FTS5 cuts a token at this many bytes: a text this long may hold one.
+_LONGEST_TOKEN_BYTES = 32_768
+_split_alike: dict[str, bool] = {}  # a character: whether unicode61 and `tokens` treat it alike
+_checking = threading.Lock()
+
+
+def split_as_by_sqlite(text: str) -> bool:
+    """Whether SQLite's unicode61 splits and folds saved `text` exactly as `tokens` does.
+    unicode61 keeps Unicode 6.1's tables and Python its own: they differ on a few hundred
+    letters each folds its own way, and on characters assigned since (to unicode61 parts of
+    words), many emoji among them. Always so of ASCII; each other character is checked once,
+    against the running SQLite."""
+    if len(text) * 4 >= _LONGEST_TOKEN_BYTES:
+        return False
+    if text.isascii():
+        return True
+    chars = set(searchable(text))
+    if unknown := [char for char in chars if char not in _split_alike]:
+        _check_with_sqlite(unknown)
+    return all(map(_split_alike.__getitem__, chars))
+
+
+def _check_with_sqlite(chars: list[str]) -> None:
+    """Tokenize each of `chars` between letters with unicode61 and with `tokens`, and note
+    whether they agree."""
+    samples = [searchable(f"ab{char}cd") for char in chars]
+    with _checking, contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute(f"CREATE VIRTUAL TABLE t USING fts5(a, tokenize='{FTS5_TOKENIZER}')")
+        conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        conn.executemany("INSERT INTO t (rowid, a) VALUES (?, ?)", enumerate(samples, start=1))
+        found: dict[int, list[str]] = {}
+        for term, row in conn.execute("SELECT term, doc FROM v ORDER BY doc, offset"):
+            found.setdefault(row, []).append(term)
+    for row, (char, sample) in enumerate(zip(chars, samples, strict=True), start=1):
+        _split_alike[char] = found.get(row, []) == tokens(sample)

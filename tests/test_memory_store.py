@@ -441,6 +441,27 @@ def test_marks_of_what_each_caller_may_see_answer_as_the_audience_table(tmp_path
     other.journal.close()
 
 
+def test_marks_follow_a_rebuilt_memory_and_give_way_past_their_bound(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`replay memory` may change who sees what (a store that drifted from its events): the
+    marks are made anew. Past `AudienceMarks.UP_TO` positions a search checks on the table."""
+    hidden = memory.add("apple", JAN_1, visibility="private")
+    seen = memory.add("apple", JAN_1 + 1)
+
+    def drift(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE observation_audience SET visibility = 'public' WHERE id = ?", (hidden,))
+
+    memory.journal.run_sync(drift)
+    assert memory.total(text="apple") == 2  # counted as the drifted store says (never shown)
+    memory.journal.run_sync(rebuild_memory)
+    assert memory.total(text="apple") == 1
+    memory.journal.run_sync(drift)
+    assert memory.total(text="apple") == 1  # the same marks: nothing was added
+    monkeypatch.setattr(AudienceMarks, "UP_TO", seen)  # no marks: the table, drifted again
+    assert memory.total(text="apple") == 2
+
+
 # --- a relevance page read score level by score level ---------------------------------------
 
 
@@ -515,6 +536,7 @@ def test_scores_read_from_the_rows_are_the_index_s(memory: Memory, seed: int, mo
     for i in range(150):
         facts, concepts = [words(3) for _ in range(rng.randint(0, 2))], [words(2) for _ in range(rng.randint(0, 1))]
         memory.add(words(4), JAN_1 + i, text=words(10), facts=facts, concepts=concepts)
+    scored = _scored_on_rows(monkeypatch)
     reordered = 0
     for _ in range(200):
         text = " ".join(rng.choices(_TRICKY_QUERIES, k=rng.randint(1, 4)))
@@ -524,6 +546,37 @@ def test_scores_read_from_the_rows_are_the_index_s(memory: Memory, seed: int, mo
         assert memory.search(text=text, limit=200) == on_rows, text
         reordered += on_rows != sorted(on_rows, reverse=True)
     assert reordered > 50  # titles and tags did reorder matches: the scores were compared
+    assert None not in scored and len(scored) > 100  # and each came from the rows
+
+
+def _scored_on_rows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What each ranking from the rows comes to from now on (None: left to FTS5)."""
+    scored: list[Any] = []
+    score = store._bonus_on_rows
+
+    def noted(*args: Any) -> Any:
+        scored.append(score(*args))
+        return scored[-1]
+
+    monkeypatch.setattr(store, "_bonus_on_rows", noted)
+    return scored
+
+
+def test_texts_unicode61_splits_otherwise_are_scored_by_fts5(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """unicode61 keeps Unicode 6.1's tables: letters and emoji assigned since are parts of
+    words to it, not to Python, and some letters fold differently. A ranking whose texts or
+    query hold such a character is left to FTS5's column queries, and comes out the same."""
+    assert store.split_as_by_sqlite("fixed deploy, café 数据库 Ａ") and not store.split_as_by_sqlite("fix🤖")
+    assert not any(map(store.split_as_by_sqlite, ["ᏸ", "Ა", "Ǡ", "x" * 9000]))
+    first = memory.add("fixed deploy🤖", JAN_1, text="deploy fix")  # 🤖: "deploy🤖" one word to FTS5
+    newer = memory.add("noted", JAN_1 + 1, text="deploy fix")
+    third = memory.add("ᏸ deploy", JAN_1 + 2, text="fix")
+    scored = _scored_on_rows(monkeypatch)
+    monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 1)
+    assert memory.search(text="deploy fix") == [third, newer, first] and scored == [None]  # ᏸ, 🤖
+    assert memory.search(text="noted fix") == [newer] and scored[-1] == {newer: 4}  # from its row
+    unlike = memory.add("Ა fix", JAN_1 + 3)
+    assert memory.search(text="fix Ა") == [unlike] and scored[-1] is None  # Ა in the query
 
 
 def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:

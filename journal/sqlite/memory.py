@@ -27,7 +27,7 @@ from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
 from toolbus.journal.rows import observation_row
-from toolbus.journal.search_text import Phrase, holds, query_phrases, searchable
+from toolbus.journal.search_text import FTS5_TOKENIZER, Phrase, holds, query_phrases, searchable, split_as_by_sqlite
 
 T = TypeVar("T")
 
@@ -92,8 +92,7 @@ _TABLES = (
     ) WITHOUT ROWID""",
     # Contentless: rowid = observations.id; the columns hold the searchable form of the title,
     # the text, and the facts and concepts (`tags`); `_RANKED_COLUMNS` weighs them in a ranking.
-    "CREATE VIRTUAL TABLE observations_fts USING fts5("
-    " title, text, tags, content='', tokenize='unicode61 remove_diacritics 2')",
+    f"CREATE VIRTUAL TABLE observations_fts USING fts5( title, text, tags, content='', tokenize='{FTS5_TOKENIZER}')",
 )
 _DROP = tuple(
     f"DROP TABLE IF EXISTS {table}"
@@ -326,12 +325,13 @@ def _matching(
     conn: sqlite3.Connection, query: SearchQuery, viewer: Caller, marks: AudienceMarks | None
 ) -> tuple[_Where, list[Phrase]] | None:
     """The conditions of a search with words and its phrases, or None when its words can
-    match nothing. Words alone, by relevance, need nothing but the index and `marks`."""
+    match nothing."""
     phrases = query_phrases(query.text or "")
     if not phrases:
         return None
-    if marks is not None and query.order_by == "relevance" and _words_only(query):
-        where = _Where(viewer, _MARKED_MATCHES, marks.of(conn, viewer))
+    marked = marks.of(conn, viewer) if marks is not None and _by_words_alone(query) else None
+    if marked is not None:
+        where = _Where(viewer, _MARKED_MATCHES, marked)
     else:
         source = _MATCHES_AND_ROWS if query.project is not None or query.types else _MATCHES
         where = _search_where(query, viewer, source=source)
@@ -339,11 +339,13 @@ def _matching(
     return where, phrases
 
 
-def _words_only(query: SearchQuery) -> bool:
-    return query.project is None and not query.types and query.start_ms is None and query.end_ms is None
+def _by_words_alone(query: SearchQuery) -> bool:
+    """By relevance, with no filter: its matches need nothing but the word index (and marks)."""
+    unfiltered = query.project is None and not query.types and query.start_ms is None and query.end_ms is None
+    return unfiltered and query.order_by == "relevance"
 
 
-_VISIBLE_SINCE = f"SELECT o.id FROM observation_audience o WHERE o.id > :seen AND {_VISIBLE}"
+_VISIBLE_SINCE = f"SELECT o.id FROM observation_audience o WHERE o.id > :seen AND o.id <= :highest AND {_VISIBLE}"
 
 
 class AudienceMarks:
@@ -352,23 +354,34 @@ class AudienceMarks:
     whose b-tree outgrows the CPU's caches: at 1M observations counting a phrase's 3k visible
     matches took 6-8 ms there, 1-2 ms here. Observations are only added, each with an id above
     every one before it (its event's position), so the marks are kept in step by reading the
-    ids above the highest seen, in the search's own snapshot."""
+    ids above the highest seen, in the search's own snapshot; a rebuild of the tables
+    (`toolbus replay memory`, which changes the schema's version) has them marked anew."""
+
+    # Marks are bound to each statement, a copy each time: past this many journal positions
+    # (0.2 ms a copy) a search checks on the table.
+    UP_TO = 4 * 2**20
 
     def __init__(self, viewers: int = 4) -> None:
         self._viewers = viewers  # the most kept; a server has one or two
-        self._marks: dict[tuple[str, str], tuple[bytearray, int]] = {}
+        self._marks: dict[tuple[str, str], tuple[bytearray, int, int]] = {}
 
-    def of(self, conn: sqlite3.Connection, viewer: Caller) -> bytearray:
+    def of(self, conn: sqlite3.Connection, viewer: Caller) -> bytearray | None:
+        """The viewer's marks, brought up to date; None past `UP_TO`."""
         key = (viewer.agent, viewer.department)
-        marks, seen = self._marks.pop(key, None) or (bytearray(), 0)
+        schema = conn.execute("PRAGMA schema_version").fetchone()[0]
+        marks, seen, marked_in = self._marks.pop(key, None) or (bytearray(), 0, schema)
+        if marked_in != schema:
+            marks, seen = bytearray(), 0
         params = {"seen": seen, "viewer_agent": viewer.agent, "viewer_department": viewer.department}
         highest = conn.execute("SELECT max(id) FROM observation_audience WHERE id > :seen", params).fetchone()[0]
+        if max(seen, highest or 0) >= self.UP_TO:
+            return None
         if highest is not None:
             marks.extend(bytes(highest + 1 - len(marks)))
-            for (id_,) in conn.execute(_VISIBLE_SINCE, params):
+            for (id_,) in conn.execute(_VISIBLE_SINCE, params | {"highest": highest}):
                 marks[id_] = 1
             seen = highest
-        self._marks[key] = (marks, seen)  # the most recent last
+        self._marks[key] = (marks, seen, schema)  # the most recent last
         if len(self._marks) > self._viewers:
             del self._marks[next(iter(self._marks))]
         return marks
@@ -446,29 +459,36 @@ _TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither
 def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[Phrase]) -> list[int]:
     """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
     title or tags score above the least, and they are few; the rest keep their order."""
-    if len(phrases) >= SCORED_ON_ROWS_FROM:
+    bonus = None
+    if len(phrases) >= SCORED_ON_ROWS_FROM and len(newest_first) <= RANK_ALL_UP_TO:
         bonus = _bonus_on_rows(conn, newest_first, phrases)
-    else:
+    if bonus is None:
         bonus = _bonus_in_index(conn, list(map(_fts_string, phrases)))
     visible = set(newest_first)
     best = sorted((i for i in bonus if i in visible), key=lambda i: (-bonus[i], -i))
     return best + [i for i in newest_first if i not in bonus]
 
 
-# From this many phrases, a match's score comes from its row's title and tags (2-4 µs a row):
-# each of FTS5's column queries walks every phrase's entries, 2 ms at 1M observations for
-# three middling words, and a query asks two per phrase. One phrase's walks are cheap.
+# From this many phrases, a match's score comes from its row's title and tags (2-4 µs a row),
+# for as many matches as are ranked whole: each of FTS5's column queries walks every phrase's
+# entries, 2 ms at 1M observations for three middling words, and a query asks two per phrase.
+# One phrase's walks are cheap.
 SCORED_ON_ROWS_FROM = 2
 _TITLE_AND_TAGS = "SELECT id, title, facts, concepts FROM observations WHERE id IN (SELECT value FROM json_each(?))"
 _strings = msgspec.json.Decoder(list[str])
 
 
-def _bonus_on_rows(conn: sqlite3.Connection, ids: list[int], phrases: list[Phrase]) -> Counter[int]:
+def _bonus_on_rows(conn: sqlite3.Connection, ids: list[int], phrases: list[Phrase]) -> Counter[int] | None:
     """What `ids` score above the least, from their rows: each phrase, in the best column
-    that holds it (the tokenizer's rules, `search_text.holds`)."""
+    that holds it (the tokenizer's rules, `search_text.holds`). None when a phrase or a text
+    holds a character unicode61 treats otherwise: FTS5 alone can tell."""
+    if not all(split_as_by_sqlite(phrase.text) for phrase in phrases):
+        return None
     bonus: Counter[int] = Counter()
     for id_, title, facts, concepts in conn.execute(_TITLE_AND_TAGS, (_json.encode(ids).decode(),)):
         texts = {"title": title, "tags": _tags(_strings.decode(facts), _strings.decode(concepts))}
+        if not all(map(split_as_by_sqlite, texts.values())):
+            return None
         for phrase in phrases:
             weight = next((weight for column, weight in _RANKED_COLUMNS if holds(texts[column], phrase)), None)
             if weight is not None:
