@@ -2,8 +2,9 @@
 text, the tokens in it, and the phrases a query asks for.
 
 Tokens are those of SQLite FTS5's `unicode61` tokenizer with `remove_diacritics 2`, which the
-SQLite store indexes with and the PostgreSQL store reproduces (`tokens`): runs of letters,
-digits and private-use characters, case-folded, with the accents of Latin letters removed.
+SQLite store indexes with and the PostgreSQL store reproduces (`tokens`, learned from SQLite
+character by character): runs of letters, digits and private-use characters as Unicode 6.1
+knew them, case-folded, with the accents of Latin letters removed.
 That tokenizer makes a whole run of Chinese, Japanese or Korean characters one token, so such
 runs are spelled as overlapping bigrams followed by the run's last character (`searchable`),
 and queried the same way: two or more characters become a phrase of bigrams, a single
@@ -17,7 +18,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import NamedTuple
 
 # The SQLite store's FTS5 tokenizer, which `tokens` reproduces.
@@ -121,59 +122,54 @@ def _phrase(parts: list[str], prefix: bool) -> Phrase | None:
 
 
 def _has_word(text: str) -> bool:
-    """Whether unicode61 finds a token in `text`: it keeps letters, digits and private-use marks."""
-    return any(is_token_char(c) for c in text)
-
-
-def is_token_char(char: str) -> bool:
-    category = unicodedata.category(char)
-    return category[0] in "LN" or category == "Co"
+    """Whether unicode61 finds a token in `text`."""
+    return bool(tokens(text))
 
 
 # --- tokens, as unicode61 finds them ---------------------------------------------------------
 
-# The combining marks unicode61 removes (remove_diacritics 2): those that accent Latin
-# letters, as in the decompositions of "é" or "ǖ". They belong to the token they accent.
-_DIACRITICS = "".join(
-    sorted(
-        {
-            mark
-            for char in map(chr, range(0x80, 0x3000))
-            if len(parts := unicodedata.normalize("NFD", char)) > 1 and parts[0].isascii() and parts[0].isalpha()
-            for mark in parts[1:]
-        }
-    )
-)
-# `[^\W_]` is exactly Unicode's letters and digits (categories L and N); then private use (Co).
-_TOKEN = re.compile(f"(?:[^\\W_]|[\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd{_DIACRITICS}])+")
 _ASCII_TOKEN = re.compile("[A-Za-z0-9]+")
+# Each character as unicode61 leaves it in a token (case-folded; "" for an accent it drops), or
+# " " where it ends one. unicode61 keeps the tables of Unicode 6.1 and Python its own, newer:
+# letters and emoji assigned since are parts of words to unicode61, and some letters fold
+# otherwise. So a character beyond ASCII is learned from the running SQLite the first time it
+# is seen, and both backends split text exactly as the SQLite index does.
+_UNICODE61: dict[int, str] = {code: chr(code).lower() if chr(code).isalnum() else " " for code in range(128)}
+_learned = set(map(chr, _UNICODE61))
+_learning = threading.Lock()
 
 
 def tokens(text: str) -> list[str]:
     """The tokens of searchable text (`searchable`), in order, as unicode61 finds them."""
     if text.isascii():
         return _ASCII_TOKEN.findall(text.lower())
-    found = (_fold(run) for run in _TOKEN.findall(text))
-    return [token for token in found if token]  # a run of accents alone holds no letter
+    if unknown := set(text).difference(_learned):
+        _learn(unknown)
+    return text.translate(_UNICODE61).split()  # a run of dropped accents alone is no token
 
 
-def _fold(run: str) -> str:
-    return run.lower() if run.isascii() else "".join(map(_fold_char, run))
+def _learn(chars: set[str]) -> None:
+    """Ask SQLite's unicode61 what it makes of each of `chars`, between letters."""
+    ordered = sorted(chars)
+    with _learning, contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute(f"CREATE VIRTUAL TABLE t USING fts5(a, tokenize='{FTS5_TOKENIZER}')")
+        conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+        samples = [(row, f"ab{char}cd") for row, char in enumerate(ordered, start=1) if _encodable(char)]
+        conn.executemany("INSERT INTO t (rowid, a) VALUES (?, ?)", samples)
+        found: dict[int, list[str]] = {}
+        for term, row in conn.execute("SELECT term, doc FROM v ORDER BY doc, offset"):
+            found.setdefault(row, []).append(term)
+        for row, char in enumerate(ordered, start=1):
+            match found.get(row):
+                case [one] if one.startswith("ab") and one.endswith("cd"):
+                    _UNICODE61[ord(char)] = one[2:-2]  # within a word: as folded
+                case _:
+                    _UNICODE61[ord(char)] = " "  # between two words (or not text at all)
+            _learned.add(char)
 
 
-@cache
-def _fold_char(char: str) -> str:
-    """A character case-folded (one for one, as unicode61 does: ς is σ, but ß stays ß), and
-    without its accents when it is a Latin letter; an accent on its own is dropped."""
-    folded = char.casefold()
-    if len(folded) != 1:
-        folded = char.lower()
-    parts = unicodedata.normalize("NFD", folded)
-    if parts[0] in _DIACRITICS:
-        return ""
-    if len(parts) > 1 and parts[0].isascii() and all(unicodedata.combining(mark) for mark in parts[1:]):
-        return parts[0]
-    return folded
+def _encodable(char: str) -> bool:
+    return not 0xD800 <= ord(char) <= 0xDFFF  # a lone surrogate is no text to SQLite
 
 
 # --- a phrase in a text, as the index finds it ----------------------------------------------
@@ -181,8 +177,8 @@ def _fold_char(char: str) -> str:
 
 def holds(text: str, phrase: Phrase) -> bool:
     """Whether the index finds `phrase` in saved `text` (before `searchable`): its tokens one
-    after another, the last one as a prefix when `phrase.prefix`. Exact where
-    `split_as_by_sqlite` says so of the text and the phrase."""
+    after another, the last one as a prefix when `phrase.prefix`. FTS5 cuts a token at 32 KiB,
+    which this does not: exact for texts shorter than `HOLDS_UP_TO` characters."""
     wanted = _phrase_tokens(phrase)
     if text.isascii():
         lowered = text.lower()
@@ -191,6 +187,9 @@ def holds(text: str, phrase: Phrase) -> bool:
             return False
         return _in_order(_ASCII_TOKEN.findall(lowered), wanted, phrase.prefix)
     return _in_order(tokens(searchable(text)), wanted, phrase.prefix)
+
+
+HOLDS_UP_TO = 32_768 // 4  # characters of up to 4 bytes: no token in them reaches FTS5's limit
 
 
 @lru_cache(maxsize=256)
@@ -205,42 +204,3 @@ def _in_order(found: list[str], wanted: tuple[str, ...], prefix: bool) -> bool:
         if found[start:end] == head and (found[end].startswith(last) if prefix else found[end] == last):
             return True
     return False
-
-
-# --- where `tokens` is SQLite's tokenizer ------------------------------------------------------
-
-# FTS5 cuts a token at this many bytes: a text this long may hold one.
-_LONGEST_TOKEN_BYTES = 32_768
-_split_alike: dict[str, bool] = {}  # a character: whether unicode61 and `tokens` treat it alike
-_checking = threading.Lock()
-
-
-def split_as_by_sqlite(text: str) -> bool:
-    """Whether SQLite's unicode61 splits and folds saved `text` exactly as `tokens` does.
-    unicode61 keeps Unicode 6.1's tables and Python its own: they differ on a few hundred
-    letters each folds its own way, and on characters assigned since (to unicode61 parts of
-    words), many emoji among them. Always so of ASCII; each other character is checked once,
-    against the running SQLite."""
-    if len(text) * 4 >= _LONGEST_TOKEN_BYTES:
-        return False
-    if text.isascii():
-        return True
-    chars = set(searchable(text))
-    if unknown := [char for char in chars if char not in _split_alike]:
-        _check_with_sqlite(unknown)
-    return all(map(_split_alike.__getitem__, chars))
-
-
-def _check_with_sqlite(chars: list[str]) -> None:
-    """Tokenize each of `chars` between letters with unicode61 and with `tokens`, and note
-    whether they agree."""
-    samples = [searchable(f"ab{char}cd") for char in chars]
-    with _checking, contextlib.closing(sqlite3.connect(":memory:")) as conn:
-        conn.execute(f"CREATE VIRTUAL TABLE t USING fts5(a, tokenize='{FTS5_TOKENIZER}')")
-        conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
-        conn.executemany("INSERT INTO t (rowid, a) VALUES (?, ?)", enumerate(samples, start=1))
-        found: dict[int, list[str]] = {}
-        for term, row in conn.execute("SELECT term, doc FROM v ORDER BY doc, offset"):
-            found.setdefault(row, []).append(term)
-    for row, (char, sample) in enumerate(zip(chars, samples, strict=True), start=1):
-        _split_alike[char] = found.get(row, []) == tokens(sample)

@@ -16,6 +16,7 @@ from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSave
 from toolbus.bus.queries import SearchPage, SearchQuery, TimelineQuery
 from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
+from toolbus.journal.search_text import tokens
 from toolbus.journal.sqlite import memory as store
 from toolbus.journal.sqlite.memory import (
     AudienceMarks,
@@ -104,6 +105,26 @@ def test_every_cjk_substring_of_two_or_more_characters_finds_its_text(text: str)
             expression = match_expression(text[start:end])
             found = conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (expression,)).fetchall()
             assert found == [(1,)], text[start:end]
+
+
+# Characters of each kind unicode61 treats its own way: letters and emoji assigned after
+# Unicode 6.1 (parts of words to it), letters it folds otherwise than Python, accents it drops,
+# marks, full-width forms, private use, CJK, and separators of several scripts.
+_CHARACTERS = "ab Z9_'-.\t\u00a0éÉßﬁσΣçÇ\u0301\u0308ᏸᎠᲐაǠǡ🤖🙂😀✅🛠ｄＡ\ue000数据库かナ한・、。«»—\u200b"
+
+
+def test_tokens_are_unicode61_s() -> None:
+    """Whatever the characters, `tokens` splits and folds a text as the SQLite index does."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(a, tokenize='unicode61 remove_diacritics 2')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    draw = random.Random(6).choice
+    texts = ["".join(draw(_CHARACTERS) for _ in range(draw(range(1, 30)))) for _ in range(2000)]
+    conn.executemany("INSERT INTO t (rowid, a) VALUES (?, ?)", enumerate(map(searchable, texts), start=1))
+    found: dict[int, list[str]] = {}
+    for term, row in conn.execute("SELECT term, doc FROM v ORDER BY doc, offset"):
+        found.setdefault(row, []).append(term)
+    assert [tokens(searchable(text)) for text in texts] == [found.get(row, []) for row in range(1, 2001)]
 
 
 # --- interpreting arguments -----------------------------------------------------------------
@@ -562,21 +583,25 @@ def _scored_on_rows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return scored
 
 
-def test_texts_unicode61_splits_otherwise_are_scored_by_fts5(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """unicode61 keeps Unicode 6.1's tables: letters and emoji assigned since are parts of
-    words to it, not to Python, and some letters fold differently. A ranking whose texts or
-    query hold such a character is left to FTS5's column queries, and comes out the same."""
-    assert store.split_as_by_sqlite("fixed deploy, café 数据库 Ａ") and not store.split_as_by_sqlite("fix🤖")
-    assert not any(map(store.split_as_by_sqlite, ["ᏸ", "Ა", "Ǡ", "x" * 9000]))
+def test_texts_python_s_unicode_tables_split_otherwise_score_as_in_fts5(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """unicode61 keeps Unicode 6.1's tables: emoji and letters assigned since are parts of
+    words to it, not to Python's, and some letters fold otherwise. Scored from the rows, such
+    texts rank as FTS5's column queries say; a text too long to be sure of is left to FTS5."""
     first = memory.add("fixed deploy🤖", JAN_1, text="deploy fix")  # 🤖: "deploy🤖" one word to FTS5
     newer = memory.add("noted", JAN_1 + 1, text="deploy fix")
-    third = memory.add("ᏸ deploy", JAN_1 + 2, text="fix")
+    third = memory.add("ᏸ deploy", JAN_1 + 2, text="fix", facts=["Ǡ fix"])
     scored = _scored_on_rows(monkeypatch)
+    for rows_from in (1, 10**9):
+        monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", rows_from)
+        assert memory.search(text="deploy fix") == [third, newer, first]
+        assert memory.search(text="deploy🤖 fixed") == [first]
+        assert memory.search(text="ᏸ ǡ deploy") == [third]
+    assert len(scored) == 3 and None not in scored
+    long = memory.add("deploy " * 2000 + "fix", JAN_1 + 3)
     monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 1)
-    assert memory.search(text="deploy fix") == [third, newer, first] and scored == [None]  # ᏸ, 🤖
-    assert memory.search(text="noted fix") == [newer] and scored[-1] == {newer: 4}  # from its row
-    unlike = memory.add("Ა fix", JAN_1 + 3)
-    assert memory.search(text="fix Ა") == [unlike] and scored[-1] is None  # Ა in the query
+    assert memory.search(text="deploy fix") == [long, third, newer, first] and scored[-1] is None
 
 
 def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:

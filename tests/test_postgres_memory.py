@@ -277,6 +277,7 @@ _VOCABULARY = [
     *["alpha", "beta", "gamma", "delta", "write-ahead", "src/store.py", "v1.2", "index", "plan", "journal", "note"],
     *["Café", "cafe", "naïve", "ÉCOLE", "ǖber", "Straße", "σοφία", "ΣΟΦΊΑ", "Ärger", "übung", "ﬁle", "½", "x\u0301y"],
     *["数据库", "データベース", "데이터", "東京タワー", "库", "ー", "한"],
+    *["deploy🤖", "🤔", "fix🛠deploy", "😀", "ᏸ", "Ᏸ", "Ა", "ა", "Ǡ", "ǡ"],  # Unicode 6.1 and since
     *["it's", "a\\b", '"quoted"', "(x)", "[y]", "{z}", "42", "3.14", "foo_bar", "a\tb", "end."],
 ]
 _QUERY_WORDS = [

@@ -27,7 +27,7 @@ from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
 from toolbus.journal.rows import observation_row
-from toolbus.journal.search_text import FTS5_TOKENIZER, Phrase, holds, query_phrases, searchable, split_as_by_sqlite
+from toolbus.journal.search_text import FTS5_TOKENIZER, HOLDS_UP_TO, Phrase, holds, query_phrases, searchable
 
 T = TypeVar("T")
 
@@ -480,14 +480,12 @@ _strings = msgspec.json.Decoder(list[str])
 
 def _bonus_on_rows(conn: sqlite3.Connection, ids: list[int], phrases: list[Phrase]) -> Counter[int] | None:
     """What `ids` score above the least, from their rows: each phrase, in the best column
-    that holds it (the tokenizer's rules, `search_text.holds`). None when a phrase or a text
-    holds a character unicode61 treats otherwise: FTS5 alone can tell."""
-    if not all(split_as_by_sqlite(phrase.text) for phrase in phrases):
-        return None
+    that holds it (the tokenizer's rules, `search_text.holds`). None when a text is too long
+    for them to be exact: FTS5 alone can tell."""
     bonus: Counter[int] = Counter()
     for id_, title, facts, concepts in conn.execute(_TITLE_AND_TAGS, (_json.encode(ids).decode(),)):
         texts = {"title": title, "tags": _tags(_strings.decode(facts), _strings.decode(concepts))}
-        if not all(map(split_as_by_sqlite, texts.values())):
+        if max(map(len, texts.values())) >= HOLDS_UP_TO:
             return None
         for phrase in phrases:
             weight = next((weight for column, weight in _RANKED_COLUMNS if holds(texts[column], phrase)), None)
