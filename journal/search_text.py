@@ -135,7 +135,7 @@ _ASCII_TOKEN = re.compile("[A-Za-z0-9]+")
 # otherwise. So a character beyond ASCII is learned from the running SQLite the first time it
 # is seen, and both backends split text exactly as the SQLite index does.
 _UNICODE61: dict[int, str] = {code: chr(code).lower() if chr(code).isalnum() else " " for code in range(128)}
-_learned = set(map(chr, _UNICODE61))
+_learned = set(map(chr, _UNICODE61))  # its keys as characters: a set difference finds new ones in C
 _learning = threading.Lock()
 
 
