@@ -117,6 +117,18 @@ def _closed(data: dict[str, Any], blobs: dict[str, int]) -> str:
     return f"closed, discarded {size(blobs.get(discarded))} unsaved" if discarded else "closed"
 
 
+def _write_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    replaced = data.get("replaced_blob")
+    kept = f"; the text it would replace ({size(blobs.get(replaced))}) is kept" if replaced else " (a new file)"
+    return f"may have been written (outcome unknown){kept}"
+
+
+def _close_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    discarded = data.get("discarded_blob")
+    kept = f"; its unsaved text ({size(blobs.get(discarded))}) is kept" if discarded else ""
+    return f"may have been closed (outcome unknown){kept}"
+
+
 def _close_skipped(data: dict[str, Any], blobs: dict[str, int]) -> str:
     if data.get("reason") == "ambiguous":
         return f"closed nothing: {len(data.get('candidates', []))} buffers match"
@@ -163,6 +175,8 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
     "DocumentSaved": _saved,
     "DocumentSaveRefused": _refused,
     "TabClosed": _closed,
+    "FileWriteInDoubt": _write_in_doubt,
+    "TabCloseInDoubt": _close_in_doubt,
     "TabCloseSkipped": _close_skipped,
     "FileRestored": _restored,
     "FileReplayed": _replayed,
@@ -211,6 +225,8 @@ def _history_row(entry: HistoryEntry, hosts: bool) -> list[str]:
 
 _RECOVERABLE_KIND = {
     "TabClosed": "unsaved, discarded",
+    "FileWriteInDoubt": "before the write",
+    "TabCloseInDoubt": "unsaved",
     "DiffRejected": "proposal, rejected",
     "DiffAcceptFailed": "accepted, not written",
 }

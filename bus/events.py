@@ -73,6 +73,22 @@ class TabClosed(FileEvent, frozen=True, kw_only=True, tag="TabClosed"):
     discarded_blob: str | None
 
 
+class FileWriteInDoubt(FileEvent, frozen=True, kw_only=True, tag="FileWriteInDoubt"):
+    """A write to `path` (a save, or an accepted diff's) whose outcome is unknown: Neovim did not
+    answer in time, or was lost, or the call was cancelled, after the write was asked for. The
+    file holds the new text or `replaced_blob`'s, which is kept. Its command stays `in_doubt`."""
+
+    replaced_blob: str | None  # the file before the write; None when there was none
+
+
+class TabCloseInDoubt(FileEvent, frozen=True, kw_only=True, tag="TabCloseInDoubt"):
+    """A wipe of `path`'s buffer whose outcome is unknown (as for `FileWriteInDoubt`): its
+    unsaved text, which the wipe would discard, is kept. Its command stays `in_doubt`."""
+
+    tab_name: str
+    discarded_blob: str | None
+
+
 class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
     """close_tab closed nothing: no buffer matched, or several did."""
 
@@ -169,6 +185,8 @@ AnyEvent = (
     DocumentSaved
     | DocumentSaveRefused
     | TabClosed
+    | FileWriteInDoubt
+    | TabCloseInDoubt
     | TabCloseSkipped
     | FileRestored
     | FileReplayed
@@ -185,6 +203,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         DocumentSaved,
         DocumentSaveRefused,
         TabClosed,
+        FileWriteInDoubt,
+        TabCloseInDoubt,
         TabCloseSkipped,
         FileRestored,
         FileReplayed,

@@ -21,6 +21,8 @@ STATUSES: tuple[Status, ...] = get_args(Status)
 RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     "DocumentSaved": ("replaced_blob", "the text on disk that the save replaced"),
     "TabClosed": ("discarded_blob", "the unsaved text that the close discarded"),
+    "FileWriteInDoubt": ("replaced_blob", "the text on disk that the write, if it happened, replaced"),
+    "TabCloseInDoubt": ("discarded_blob", "the unsaved text that the close, if it happened, discarded"),
     "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
     "DiffAccepted": ("replaced_blob", "the text on disk that the accepted diff replaced"),
     "DiffRejected": ("proposed_blob", "the proposal the user rejected"),

@@ -31,7 +31,6 @@ from toolbus.bus.journal import Caller, CommandRecord, JournalWriter, Status
 log = logging.getLogger("toolbus.bus")
 
 
-
 @dataclass(frozen=True, slots=True)
 class TextItems:
     """A reply of several text items, each sent as it is (openDiff answers `FILE_SAVED` and the
@@ -67,6 +66,10 @@ class HandlerContext(Generic[C]):
     # The status if the call is cancelled after it wrote ahead: it may have acted (a request in
     # flight still runs in Neovim), unless its handler knows better. Before, it is `cancelled`.
     on_cancel: Status = "in_doubt"
+    # What the command may have done, recorded if it ends `in_doubt` (the file it may have
+    # changed and the text it kept), so that `history` and `recover` reach that text. Set by
+    # the handler just before it acts; a crash before the outcome leaves the row alone.
+    if_in_doubt: tuple[Event, ...] = ()
 
     async def write_ahead(self, keep: Mapping[str, bytes] | None = None, *, durable: bool = True) -> None:
         """Call before acting outside the journal: records the command as `in_doubt`, with `keep`
@@ -160,28 +163,29 @@ class Bus:
             with anyio.CancelScope(shield=True):
                 if not context.commit_attempted:
                     status = "cancelled" if context.command_id is None else context.on_cancel
-                    await self._finish_failed(record, context.command_id, CANCELLED, status)
+                    await self._finish_failed(record, context, CANCELLED, status)
             raise
         except ToolbusError as error:
             if not _effect_unrecorded(command, context):
-                await self._finish_failed(record, context.command_id, str(error), _status_of(error, command))
+                await self._finish_failed(record, context, str(error), _status_of(error, command))
             raise
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
             message = f"{record.tool} failed: internal error: {error!r}"
             if not _effect_unrecorded(command, context):
-                await self._finish_failed(record, context.command_id, message)
+                await self._finish_failed(record, context, message)
             raise Fault(message) from error
         if not context.commit_attempted:
             await context.commit()
         return reply
 
     async def _finish_failed(
-        self, record: CommandRecord, command_id: int | None, message: str, status: Status = "failed"
+        self, record: CommandRecord, context: HandlerContext[Any], message: str, status: Status = "failed"
     ) -> None:
         # If even this cannot be written, the write-ahead row stays `in_doubt`: the truth.
+        events = context.if_in_doubt if status == "in_doubt" else ()
         try:
-            await self._journal.finish(record, command_id, status, error=message)
+            await self._journal.finish(record, context.command_id, status, error=message, events=events)
         except ToolbusError:
             log.exception("could not journal the failure of %s", record.tool)
 

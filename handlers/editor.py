@@ -17,11 +17,13 @@ from toolbus.bus import (
     EditorLost,
     EditorTimeout,
     Event,
+    FileWriteInDoubt,
     GetOpenEditors,
     HandlerContext,
     JournalUnavailable,
     SaveDocument,
     TabClosed,
+    TabCloseInDoubt,
     TabCloseSkipped,
     blob_hash,
 )
@@ -128,7 +130,11 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
         if target.status != "ready":
             return SaveAttempt(target.path, target.status, target.message)
         replaced = await _keep_replaced(context, target)
+        # Until Neovim answers, the write may or may not happen: if it ends in doubt, the
+        # journal says so under the file, with the text kept.
+        context.if_in_doubt = (FileWriteInDoubt(path=target.path, replaced_blob=replaced),)
         outcome = await _write(editor, target)
+        context.if_in_doubt = ()
         if outcome.status == "saved" and outcome.after is not None:
             return SaveAttempt(target.path, target=target, after=outcome.after, replaced=replaced)
         if outcome.status == "saved":  # written, but the file could not be read back
@@ -209,19 +215,20 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
             )
             return TAB_CLOSED
         kept = {} if match.discarded is None else {blob_hash(match.discarded): match.discarded}
+        discarded = next(iter(kept), None)
         if match.status == "found":
             # Unsaved text, on disk before the wipe: a close is never a loss, whatever happens
             # next (the wipe deletes the buffer's swap file too).
             await context.write_ahead(kept)
-            if not await editor.wipe(match.buffer, match.tick):
+            context.if_in_doubt = (
+                TabCloseInDoubt(path=match.path, tab_name=command.tab_name, discarded_blob=discarded),
+            )
+            wiped = await editor.wipe(match.buffer, match.tick)
+            context.if_in_doubt = ()
+            if not wiped:
                 continue
         await context.commit(
-            TabClosed(
-                path=match.path,
-                tab_name=command.tab_name,
-                was_modified=match.modified,
-                discarded_blob=next(iter(kept), None),
-            )
+            TabClosed(path=match.path, tab_name=command.tab_name, was_modified=match.modified, discarded_blob=discarded)
         )
         return TAB_CLOSED
     # The user kept typing into it: leave their buffer alone rather than chase it.

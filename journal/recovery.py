@@ -30,7 +30,7 @@ def recoverable(reader: JournalReader, event: StoredEvent) -> Recoverable:
     name, description = field
     digest = event.data.get(name)
     if digest is None:
-        reason = "the file did not exist before" if event.type != "TabClosed" else "the buffer had no unsaved text"
+        reason = "the buffer had no unsaved text" if name == "discarded_blob" else "the file did not exist before"
         raise ValueError(f"{where} has nothing to recover: {reason}")
     content = reader.blob(digest)
     if content is None:

@@ -15,6 +15,7 @@ from mcp import Client
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.faults_helpers import assert_sound, journal_state, ready, rows
+from tests.journal_helpers import cli
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
 from toolbus.bus import EditorTimeout
@@ -256,3 +257,38 @@ async def test_a_write_that_times_out_is_of_unknown_outcome_and_its_replaced_tex
     state = assert_sound(journal_path)
     assert [c["status"] for c in state.commands] == ["in_doubt"]
     assert [bytes(r["content"]) for r in rows(journal_path, "SELECT content FROM blobs")] == [b"value = 1\n"]
+    # ...and reached as the message says: the file's history names it, recover writes it out
+    [doubt] = state.events
+    assert (doubt["type"], doubt["stream"]) == ("FileWriteInDoubt", f"file:{path}")
+    assert_reachable(journal_path, path, doubt["position"], "may have been written", b"value = 1\n")
+
+
+def assert_reachable(journal: Path, path: Path, position: int, words: str, kept: bytes) -> None:
+    """`toolbus history`, `audit --path` and `recover` lead a person to the text a call in doubt kept."""
+    history = cli("history", path, "--journal", journal)
+    [line] = [line for line in history.out.splitlines() if line.startswith(f"@{position} ")]
+    assert history.code == 0 and words in line, history.out + history.err
+    audit = cli("audit", "--path", path, "--journal", journal)
+    assert audit.code == 0 and "in_doubt" in audit.out and f"@{position} {words}" in audit.out, audit.out
+    copy = journal.parent / "kept"
+    recovered = cli("recover", str(position), "-o", copy, "--journal", journal)
+    assert recovered.code == 0, recovered.err
+    assert copy.read_bytes() == kept
+
+
+async def test_a_close_that_times_out_is_of_unknown_outcome_and_its_unsaved_text_is_reached(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    path = open_file(nvim, files)
+    nvim.set_lines(path, ["value = unsaved"])
+    attach_ui(nvim)
+    nvim.command('autocmd BufWipeout * call input("Really? ")')  # a prompt inside the wipe
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
+            result = await client.call_tool("close_tab", {"tab_name": "a.py"})
+    assert result.is_error and "did not answer" in text_of(result)
+    state = assert_sound(journal_path)
+    assert [c["status"] for c in state.commands] == ["in_doubt"]
+    [doubt] = state.events
+    assert (doubt["type"], doubt["stream"]) == ("TabCloseInDoubt", f"file:{path}")
+    assert_reachable(journal_path, path, doubt["position"], "may have been closed", b"value = unsaved\n")
