@@ -43,10 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"toolbus {args.command}: {error}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
-        return 0
+        return _reader_gone()
+    except BaseExceptionGroup as group:  # the same from inside a task group (`toolbus demo | head`)
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:

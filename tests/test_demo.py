@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.journal_helpers import cli
@@ -45,3 +48,21 @@ def test_demo_keep_leaves_a_journal_to_explore() -> None:
         )
     finally:
         shutil.rmtree(root)
+
+
+def test_demo_piped_into_a_reader_that_stops_early_ends_quietly_and_cleans_up() -> None:
+    """`toolbus demo | head -2`: the reader closes the pipe while the demo's task group runs."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "toolbus.adapters.cli", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k not in ("NVIM", "TOOLBUS_NVIM", "TOOLBUS_JOURNAL")},
+    )
+    assert demo.stdout is not None and demo.stderr is not None
+    first = demo.stdout.readline().decode()
+    demo.stdout.close()  # as `head -1` exits
+    err = demo.stderr.read().decode()
+    assert demo.wait(timeout=60) == 0, err
+    assert "Traceback" not in err
+    root = Path(re.search(r"its files are in (\S+)/project\.", first)[1])  # type: ignore[index]
+    assert not root.exists()
