@@ -344,7 +344,10 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
         "Every Neovim request waits at most --nvim-timeout seconds: a blocked Neovim stops the replay "
         "with an error, never a hang.",
     )
-    add_settings_arguments(editor)
+    # Never found by itself: a replay changes files, so the Neovim it goes to is named.
+    add_settings_arguments(
+        editor, nvim_help="socket path or host:port of the Neovim to replay to (required unless --dry-run)"
+    )
     editor.add_argument("--from", dest="start", metavar="POSITION", help="first event position to replay")
     editor.add_argument("--to", dest="end", metavar="POSITION", help="last event position to replay")
     editor.add_argument(

@@ -33,7 +33,10 @@ JOURNAL_HELP = (
 )
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+NVIM_HELP = "Neovim socket path or host:port ($TOOLBUS_NVIM, then $NVIM, then a discovered running Neovim)"
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, nvim_help: str = NVIM_HELP) -> None:
     """The flags every command that talks to the journal or Neovim shares."""
     parser.add_argument(
         "--journal",
@@ -43,7 +46,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nvim",
         metavar="ADDRESS",
-        help="Neovim socket path or host:port ($TOOLBUS_NVIM, then $NVIM, then a discovered running Neovim)",
+        help=nvim_help,
     )
     parser.add_argument(
         "--nvim-timeout",

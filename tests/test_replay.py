@@ -295,6 +295,16 @@ def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path:
     assert not (tmp_path / "out").exists()
 
 
+def test_replay_editor_goes_only_to_the_neovim_it_is_named(tmp_path: Path) -> None:
+    """A replay changes files: it never finds a Neovim by itself, as its help says."""
+    journal = tmp_path / "journal.db"
+    run = cli("replay", "editor", "--journal", journal, env={"TOOLBUS_NVIM": str(tmp_path / "nvim.sock")})
+    assert run.code == 2 and "--nvim ADDRESS is required" in run.err
+    assert not journal.exists()
+    help_text = " ".join(cli("replay", "editor", "--help").out.split())
+    assert "--nvim ADDRESS socket path or host:port of the Neovim to replay to (required unless --dry-run)" in help_text
+
+
 def test_replay_editor_never_overwrites_unsaved_changes(
     session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
 ) -> None:
