@@ -8,6 +8,8 @@ the journal is opened, so bad input changes nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +22,7 @@ import msgspec
 
 from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments, this_host
 from toolbus.adapters.demo import add_demo
-from toolbus.adapters.report import print_audit_table, print_history, size
+from toolbus.adapters.report import LARGEST, one_more, print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
 from toolbus.journal import editor_steps, parse_path_map, recoverable
@@ -95,7 +97,6 @@ def _json_lines(items: Iterable[msgspec.Struct]) -> int:
 
 _POSITION = re.compile(r"^@?(\d+)$")
 _EVENT_ID = re.compile(r"^[0-9a-fA-F]{32}$")
-_LARGEST = 2**63 - 1  # positions and limits are 64-bit integers in every backend
 
 
 def parse_time(option: str, text: str, now: datetime | None = None) -> str:
@@ -116,15 +117,15 @@ def parse_limit(text: str) -> int | None:
     """`--limit N`: at most N rows; 0 means all."""
     if not text.isdigit():
         raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
-    if int(text) > _LARGEST:
-        raise ValueError(f"--limit: expected at most {_LARGEST} (0 for all), got {text!r}")
+    if int(text) > LARGEST:
+        raise ValueError(f"--limit: expected at most {LARGEST} (0 for all), got {text!r}")
     return int(text) or None
 
 
 def parse_position(option: str, text: str) -> int:
     """An event position as typed: `12` or `@12`."""
-    if not (match := _POSITION.match(text.strip())) or int(match[1]) > _LARGEST:
-        raise ValueError(f"{option}: expected an event position (e.g. 12, at most {_LARGEST}), got {text!r}")
+    if not (match := _POSITION.match(text.strip())) or int(match[1]) > LARGEST:
+        raise ValueError(f"{option}: expected an event position (e.g. 12, at most {LARGEST}), got {text!r}")
     return int(match[1])
 
 
@@ -200,12 +201,14 @@ def audit_query(args: argparse.Namespace) -> Any:
 def run_audit(args: argparse.Namespace, settings: Settings) -> int:
     query = audit_query(args)
     with _reading(settings) as reader:
-        entries = reader.audit(query)
-        shown = _json_lines(entries) if args.json else print_audit_table(entries, hosts=args.all_hosts)
+        entries = iter(reader.audit(dataclasses.replace(query, limit=one_more(query.limit))))
+        page = itertools.islice(entries, query.limit)
+        shown = _json_lines(page) if args.json else print_audit_table(page, hosts=args.all_hosts)
+        left_out = next(entries, None) is not None
     if not args.json:
         if shown == 0:
             print("no commands match", file=sys.stderr)
-        elif query.limit is not None and shown == query.limit:
+        elif left_out:
             print(f"(the newest {shown} shown; --limit 0 for all)", file=sys.stderr)
     return 0
 

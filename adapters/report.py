@@ -28,6 +28,14 @@ def clock(timestamp: str | None) -> str:
     return timestamp[:19].replace("T", " ") if timestamp else "-"
 
 
+LARGEST = 2**63 - 1  # positions and limits are 64-bit integers in every backend
+
+
+def one_more(limit: int | None) -> int | None:
+    """One row more than `limit`, to tell whether it left any out."""
+    return None if limit is None else min(limit + 1, LARGEST)
+
+
 def size(count: int | None) -> str:
     if count is None:
         return "?"
@@ -191,14 +199,18 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
 def print_history(reader: JournalReader, path: str, limit: int | None = None, host: str | None = None) -> None:
     """One file's events, newest first: those of machine `host`, or of every machine (None) with
     a HOST column."""
-    entries = reader.history(path, limit, host)
+    entries = reader.history(path, one_more(limit), host)
+    left_out = limit is not None and len(entries) > limit
+    entries = entries[:limit]
     shown = typed_path(path)
     where = f" on {host}" if host is not None else ""
     if not entries:
         hint = " (--all-hosts for every machine's)" if host is not None else ""
         print(f"{shown}: no saves or closes{where} in the journal{hint}", file=sys.stderr)
         return
-    print(f"{shown}: {len(entries)} event{'s' if len(entries) != 1 else ''}{where}, newest first")
+    count = f"the newest {len(entries)}" if left_out else str(len(entries))
+    order = " (--limit 0 for all)" if left_out else ", newest first"
+    print(f"{shown}: {count} event{'s' if len(entries) != 1 else ''}{where}{order}")
     rows = [_history_row(entry, hosts=host is None) for entry in entries]
     headers = ["EVENT", "TIME (UTC)", *(["HOST"] if host is None else []), "BY", "WHAT HAPPENED", "RECOVERABLE"]
     print(table(headers, rows))

@@ -167,6 +167,11 @@ def test_limit(session: EditorSession) -> None:
     newest = audit(session)
     assert audit(session, "--limit", "2") == newest[:2]
     assert len(audit(session, "--limit", "0")) == len(newest)
+    # the table says when the limit left commands out, and only then
+    cut = cli("audit", "--journal", session.journal, "--limit", "2")
+    assert len(cut.out.splitlines()) == 1 + 2 and "(the newest 2 shown; --limit 0 for all)" in cut.err
+    whole = cli("audit", "--journal", session.journal, "--limit", str(len(newest)))
+    assert len(whole.out.splitlines()) == 1 + len(newest) and "shown" not in whole.err
 
 
 def test_table_for_people(session: EditorSession) -> None:

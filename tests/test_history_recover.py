@@ -61,6 +61,15 @@ def test_history_tells_each_save_newest_first(session: EditorSession) -> None:
     assert "toolbus recover EVENT" in "\n".join(hint)
 
 
+def test_history_says_when_its_limit_left_events_out(session: EditorSession) -> None:
+    path, here = os.path.realpath(session.files["a.txt"]), socket.gethostname()
+    newest = cli("history", path, "--limit", "1", "--journal", session.journal).out.splitlines()
+    assert newest[0] == f"{path}: the newest 1 event on {here} (--limit 0 for all)" and len(newest) == 2 + 1 + 2
+    assert newest[2].startswith(f"@{session.position('DocumentSaved', 'a.txt')} ")
+    whole = cli("history", path, "--limit", "2", "--journal", session.journal).out.splitlines()
+    assert whole[0] == f"{path}: 2 events on {here}, newest first"
+
+
 def test_history_tells_a_close_that_discarded_unsaved_text(session: EditorSession) -> None:
     run = cli("history", session.files["b.txt"], "--journal", session.journal)
     assert run.code == 0, run.err
