@@ -264,6 +264,8 @@ def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
 
 def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     reference = parse_event_reference(args.event)
+    if args.force and not args.output:
+        raise ValueError("--force goes only with -o FILE, whose existing file it lets recover overwrite")
     output = _output_file(args.output, args.force) if args.output else None
     with _reading(settings) as reader:
         found = recoverable(reader, find_event(reader, reference, args.event))

@@ -243,6 +243,15 @@ def test_recover_onto_an_existing_file_needs_force(recoverable_journal: tuple[Pa
     assert target.read_bytes() == b"old text\n"
 
 
+@pytest.mark.parametrize("mode", [[], ["--apply"]])
+def test_recover_refuses_force_without_a_file_to_overwrite(
+    recoverable_journal: tuple[Path, int], mode: list[str]
+) -> None:
+    journal, position = recoverable_journal
+    run = lambda: cli("recover", str(position), *mode, "--force", "--journal", str(journal))  # noqa: E731
+    assert_untouched(journal, run, "recover", "--force goes only with -o FILE")
+
+
 @pytest.mark.parametrize("command", [["doctor"], ["audit"], ["--help"]])
 def test_quiet_into_a_closed_pipe(journal: Path, command: list[str]) -> None:
     """`toolbus doctor | head -1`: the reader stops early; no traceback, no complaint."""
