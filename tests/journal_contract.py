@@ -23,6 +23,7 @@ from toolbus.bus import (
     Caller,
     CommandRecord,
     DocumentSaved,
+    FileWriteInDoubt,
     JournalReader,
     JournalWriter,
     NoSuchEvent,
@@ -161,6 +162,24 @@ class JournalContract:
         [position] = anyio.run(finish)
         [entry] = read().audit(AuditQuery())
         assert entry.status == "ok" and [e.position for e in entry.events] == [position]
+
+    def test_a_command_that_ends_in_doubt_keeps_what_it_may_have_done(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        """Its event, under the file, leads `history` and `recover` to the text written ahead."""
+        call = record("saveDocument", {"filePath": "/src/a.py"})
+        kept = {blob_hash(b"before\n"): b"before\n"}
+        doubt = FileWriteInDoubt(path="/src/a.py", replaced_blob=blob_hash(b"before\n"))
+
+        async def work() -> list[int]:
+            command_id = await writer.begin(call, kept)
+            return await writer.finish(call, command_id, "in_doubt", error="Neovim did not answer", events=[doubt])
+
+        [position] = anyio.run(work)
+        reader = read()
+        [entry] = reader.history("/src/a.py")
+        assert (entry.event.position, entry.event.type, entry.status) == (position, "FileWriteInDoubt", "in_doubt")
+        assert recoverable(reader, entry.event).content == b"before\n"
 
     def test_writers_in_several_processes_share_one_gapless_order(
         self, location: str, read: Callable[[], JournalReader]
