@@ -223,7 +223,7 @@ def _add_history(commands: argparse._SubParsersAction[Any]) -> None:
         description="Every save (bytes, whether the disk had changed, what it replaced) and close "
         "(whether unsaved text was discarded) of one file, newest first.",
     )
-    add_settings_arguments(sub)
+    _journal_argument(sub)  # it only reads: who is asking changes nothing
     sub.add_argument("path", metavar="PATH", help="the file")
     sub.add_argument("--limit", default="0", help="at most this many events (default 0: all)")
     sub.add_argument("--json", action="store_true", help="JSON lines: one event with its command per line")

@@ -109,6 +109,14 @@ def test_a_directory_is_not_a_journal(tmp_path: Path, command: str) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("option", ["--agent", "--department", "--nvim", "--journal-sync"])
+def test_history_takes_no_options_that_would_change_nothing(tmp_path: Path, option: str) -> None:
+    """`history --agent nobody` read as a filter would silently show every agent's events."""
+    run = cli("history", "/tmp/x.py", option, "FULL", "--journal", tmp_path / "journal.db")
+    assert run.code == 2 and f"unrecognized arguments: {option}" in run.err
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- bad values, on a real (empty) journal ------------------------------------------------
 
 
