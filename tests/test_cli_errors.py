@@ -102,7 +102,13 @@ def test_a_journal_that_does_not_exist_is_not_created(tmp_path: Path, command: s
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", ["audit", "history", "recover"])
+def test_serve_says_a_directory_is_not_a_journal(tmp_path: Path) -> None:
+    run = cli("serve", "--journal", tmp_path)
+    assert_one_line_usage_error(run, "serve", f"not a toolbus journal: {tmp_path} is a directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["audit", "history", "recover", "recover --apply", "replay memory"])
 def test_a_directory_is_not_a_journal(tmp_path: Path, command: str) -> None:
     run = cli(*COMMANDS[command](tmp_path))
     assert_one_line_usage_error(run, command, "not a toolbus journal", "is a directory")

@@ -657,6 +657,8 @@ def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
             f"the journal at {path} is read-only (it or its directory cannot be written, or the "
             "file system is read-only): fix that, or choose another place with --journal"
         )
+    if code == sqlite3.SQLITE_CANTOPEN and path.is_dir():
+        return f"not a toolbus journal: {path} is a directory; choose a file with --journal"
     if code == sqlite3.SQLITE_CANTOPEN:
         return f"cannot open the journal at {path}: {error}; check the path and its permissions"
     return f"the journal at {path} failed: {error}"
