@@ -6,6 +6,7 @@ are about results (an error result, a usable Neovim, a next call that works), no
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from mcp import Client
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.faults_helpers import assert_sound, journal_state, ready, rows
 from tests.journal_helpers import cli
+from tests.rpc_client import StdioServer, clean_env, toolbus_argv
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
 from toolbus.bus import EditorTimeout
+from toolbus.bus.messagebus import CANCELLED
 
 pytestmark = pytest.mark.anyio
 
@@ -260,6 +263,27 @@ async def test_a_write_that_times_out_is_of_unknown_outcome_and_its_replaced_tex
     # ...and reached as the message says: the file's history names it, recover writes it out
     [doubt] = state.events
     assert (doubt["type"], doubt["stream"]) == ("FileWriteInDoubt", f"file:{path}")
+    assert_reachable(journal_path, path, doubt["position"], "may have been written", b"value = 1\n")
+
+
+def test_a_save_cut_short_by_stopping_the_server_is_of_unknown_outcome_and_reached(
+    journal_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """SIGTERM while Neovim holds the write at a prompt: the call is finished, shielded, in doubt."""
+    path = open_file(nvim, files)
+    nvim.set_lines(path, ["value = 2"])
+    attach_ui(nvim)
+    nvim.command('autocmd BufWritePre * call input("Really? ")')
+    argv = toolbus_argv(journal_path, "--nvim-timeout", "30", nvim=nvim.address)
+    with StdioServer(argv, env=clean_env()) as server:
+        server.initialize()
+        server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(path)}})
+        anyio.run(wait_for_write_ahead, journal_path, "saveDocument")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=GENEROUS) == 0
+    state = assert_sound(journal_path)
+    assert [(c["status"], c["error"]) for c in state.commands] == [("in_doubt", CANCELLED)]
+    [doubt] = state.events
     assert_reachable(journal_path, path, doubt["position"], "may have been written", b"value = 1\n")
 
 
