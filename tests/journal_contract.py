@@ -22,6 +22,7 @@ from toolbus.bus import (
     AuditQuery,
     Caller,
     CommandRecord,
+    DiffProposed,
     DocumentSaved,
     FileWriteInDoubt,
     JournalReader,
@@ -304,6 +305,31 @@ class JournalContract:
             ("DocumentSaved", "claude"),
         ]
         assert history[0].event.blobs == {blob_hash(b"two\n"): 4, blob_hash(b"one\n"): 4}
+
+    def test_a_files_audit_lists_each_command_once_and_limits_commands(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        """A command with two events on the file (a diff proposed, then written) is one entry."""
+        older, older_blobs = saved("/src/a.py", None, b"one\n")
+        proposed = DiffProposed(path="/src/a.py", tab_name="t", old_path="/src/a.py", proposed_blob="p", shown_blob="s")
+        doubt = FileWriteInDoubt(path="/src/a.py", replaced_blob=blob_hash(b"one\n"))
+
+        async def work() -> int:
+            await writer.finish(record("saveDocument"), None, "ok", events=[older], blobs=older_blobs)
+            command_id = await writer.begin(record("openDiff"))
+            await writer.append(command_id, [proposed], {})
+            await writer.finish(record("openDiff"), command_id, "in_doubt", events=[doubt])
+            return command_id
+
+        diff = anyio.run(work)
+        reader = read()
+        paths = file_streams("/src/a.py")
+        assert [(e.tool, len(e.events)) for e in reader.audit(AuditQuery(paths=paths))] == [
+            ("openDiff", 2),
+            ("saveDocument", 1),
+        ]
+        assert [e.id for e in reader.audit(AuditQuery(paths=paths, limit=1))] == [diff]
+        assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=2))] == ["openDiff", "saveDocument"]
 
     def test_history_keeps_machines_apart(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         """One path on two machines is two files; a command whose machine is unknown (recorded

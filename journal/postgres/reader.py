@@ -39,12 +39,10 @@ class PostgresReader:
         sql, params = _command_sql(query)
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             rows = cursor.execute(sql, params).fetchall()
-        seen: set[int] = set()
-        for start in range(0, len(rows), _BATCH):
-            fresh = [row for row in rows[start : start + _BATCH] if row["id"] not in seen]
-            seen.update(row["id"] for row in fresh)
-            events = self._events_of([row["id"] for row in fresh])
-            for row in fresh:
+        for start in range(0, len(rows), _BATCH):  # each command once (`_command_sql`)
+            batch = rows[start : start + _BATCH]
+            events = self._events_of([row["id"] for row in batch])
+            for row in batch:
                 yield audit_entry(row, events.get(row["id"], []), row["host"])
 
     def history(self, path: str, limit: int | None = None, host: str | None = None) -> list[HistoryEntry]:
@@ -142,9 +140,12 @@ def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
     if query.host is not None:  # that machine's, and those of no known machine
         where.append("(c.host = %s OR c.host IS NULL)")
         params.append(query.host)
-    if query.paths:
-        sql = "SELECT c.* FROM events AS e JOIN commands AS c ON c.id = e.command_id WHERE e.stream = ANY(%s)"
-        sql += "".join(f" AND {term}" for term in where) + " ORDER BY e.position DESC"
+    if query.paths:  # each command once, by its newest event on the file
+        sql = (
+            "SELECT c.* FROM (SELECT command_id, max(position) AS newest FROM events WHERE stream = ANY(%s)"
+            " GROUP BY command_id) AS e JOIN commands AS c ON c.id = e.command_id"
+        )
+        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY e.newest DESC"
         params.insert(0, list(query.paths))
     else:
         sql = "SELECT c.* FROM commands AS c" + (" WHERE " + " AND ".join(where) if where else "")

@@ -33,10 +33,19 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     sql, params = _command_sql(query, _driving_column(conn, query))
     cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
+    # A file's events walk yields a command once per event of it: the limit counts commands.
+    batch = min(_BATCH, query.limit or _BATCH)
+    yield from islice(_each_once(conn, cursor, hosts, batch), query.limit)
+
+
+def _each_once(conn: sqlite3.Connection, cursor: sqlite3.Cursor, hosts: bool, batch: int) -> Iterator[AuditEntry]:
     seen: set[int] = set()
-    while rows := cursor.fetchmany(_BATCH):
-        fresh = [row for row in rows if row["id"] not in seen]
-        seen.update(row["id"] for row in fresh)
+    while rows := cursor.fetchmany(batch):
+        fresh = []
+        for row in rows:
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                fresh.append(row)
         events = _events_of(conn, [row["id"] for row in fresh])
         for row in fresh:
             yield audit_entry(row, events.get(row["id"], []), row["host"] if hosts else None)
@@ -138,7 +147,7 @@ def _command_sql(query: AuditQuery, driving: str | None = None) -> tuple[str, li
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY c.received_at DESC, c.id DESC"
         )
-    if query.limit is not None:
+    if query.limit is not None and not query.paths:
         sql += " LIMIT ?"
         params.append(query.limit)
     return sql, params
