@@ -172,8 +172,9 @@ class Bus:
         except Exception as error:  # a bug: journal it, answer clearly, keep serving
             log.exception("handler for %s crashed", record.tool)
             message = f"{record.tool} failed: internal error: {error!r}"
+            status: Status = "in_doubt" if context.if_in_doubt else "failed"  # past a write or wipe asked for
             if not _effect_unrecorded(command, context):
-                await self._finish_failed(record, context, message)
+                await self._finish_failed(record, context, message, status)
             raise Fault(message) from error
         if not context.commit_attempted:
             await context.commit()

@@ -27,6 +27,7 @@ from toolbus.bus import (
     Caller,
     CommandRecord,
     Event,
+    Fault,
     InvalidArguments,
     JournalUnavailable,
     Status,
@@ -320,6 +321,29 @@ def test_a_change_takes_two_syncs_and_keeps_its_text_on_disk_before_it_acts(
         assert editor.on_disk_before_acting == [([(tool, "in_doubt")], {blob_hash(kept)})]
         assert editor.committed_before_acting == [[(tool, "in_doubt")]]
         assert tools(syncs.power_cut(path, tmp_path / "after")) == [(tool, "ok")]
+    finally:
+        journal.close()
+
+
+class GarbledEditor(FakeEditor):
+    """Its write happens, then its answer makes the handler fail: a bug after the write."""
+
+    async def write(self, target: SaveTarget) -> SaveOutcome:
+        await super().write(target)
+        raise TypeError("an answer the adapter did not expect")
+
+
+def test_a_save_that_fails_by_a_bug_after_its_write_was_asked_is_in_doubt(
+    syncs: SyncCounter, path: Path, tmp_path: Path
+) -> None:
+    journal = SqliteJournal(path)
+    try:
+        bus = _bus(journal, GarbledEditor(syncs, path, tmp_path))
+        with pytest.raises(Fault, match="internal error"):
+            anyio.run(bus.handle, "saveDocument", {"filePath": "/a"}, CALLER)
+        assert tools(fresh_copy(path, tmp_path / "after")) == [("saveDocument", "in_doubt")]
+        [doubt] = journal.run_sync(lambda conn: conn.execute("SELECT type, data FROM events").fetchall())
+        assert doubt[0] == "FileWriteInDoubt" and blob_hash(OLD) in doubt[1]
     finally:
         journal.close()
 
