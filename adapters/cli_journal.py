@@ -22,8 +22,9 @@ import msgspec
 
 from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments, this_host
 from toolbus.adapters.demo import add_demo
-from toolbus.adapters.report import LARGEST, one_more, print_audit_table, print_history, size
+from toolbus.adapters.report import one_more, print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
+from toolbus.bus.commands import SQLITE_INT_MAX
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
 from toolbus.journal import editor_steps, parse_path_map, recoverable
 
@@ -117,15 +118,15 @@ def parse_limit(text: str) -> int | None:
     """`--limit N`: at most N rows; 0 means all."""
     if not text.isdigit():
         raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
-    if int(text) > LARGEST:
-        raise ValueError(f"--limit: expected at most {LARGEST} (0 for all), got {text!r}")
+    if int(text) > SQLITE_INT_MAX:
+        raise ValueError(f"--limit: expected at most {SQLITE_INT_MAX} (0 for all), got {text!r}")
     return int(text) or None
 
 
 def parse_position(option: str, text: str) -> int:
     """An event position as typed: `12` or `@12`."""
-    if not (match := _POSITION.match(text.strip())) or int(match[1]) > LARGEST:
-        raise ValueError(f"{option}: expected an event position (e.g. 12, at most {LARGEST}), got {text!r}")
+    if not (match := _POSITION.match(text.strip())) or int(match[1]) > SQLITE_INT_MAX:
+        raise ValueError(f"{option}: expected an event position (e.g. 12, at most {SQLITE_INT_MAX}), got {text!r}")
     return int(match[1])
 
 

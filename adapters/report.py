@@ -10,6 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent, typed_path
+from toolbus.bus.commands import SQLITE_INT_MAX
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
@@ -28,12 +29,9 @@ def clock(timestamp: str | None) -> str:
     return timestamp[:19].replace("T", " ") if timestamp else "-"
 
 
-LARGEST = 2**63 - 1  # positions and limits are 64-bit integers in every backend
-
-
 def one_more(limit: int | None) -> int | None:
     """One row more than `limit`, to tell whether it left any out."""
-    return None if limit is None else min(limit + 1, LARGEST)
+    return None if limit is None else min(limit + 1, SQLITE_INT_MAX)
 
 
 def size(count: int | None) -> str:

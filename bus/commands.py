@@ -21,8 +21,8 @@ OrderBy = Literal["relevance", "date_desc", "date_asc"]
 MAX_TEXT_BYTES = 1_000_000
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT_BYTES)]
 ShortText = Annotated[str, msgspec.Meta(max_length=4096)]
-# What an SQLite INTEGER holds: a larger number is an invalid argument, not an OverflowError
-# deep in a query.
+# What a journal's integer holds (SQLite's INTEGER, PostgreSQL's bigint): a larger number is an
+# invalid argument, not an OverflowError deep in a query.
 SQLITE_INT_MIN, SQLITE_INT_MAX = -(2**63), 2**63 - 1
 SqliteInt = Annotated[int, msgspec.Meta(ge=SQLITE_INT_MIN, le=SQLITE_INT_MAX)]
 

@@ -20,6 +20,7 @@ from toolbus.bus import (
     StoredEvent,
     file_streams,
 )
+from toolbus.bus.commands import SQLITE_INT_MAX
 from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
@@ -67,7 +68,7 @@ class PostgresReader:
             rows = self._rows(
                 "SELECT * FROM events WHERE type = ANY(%s) AND position > %s AND position <= %s"
                 " ORDER BY position LIMIT %s",
-                (list(types), after, end if end is not None else 2**63 - 1, _BATCH),
+                (list(types), after, end if end is not None else SQLITE_INT_MAX, _BATCH),
             )
             if not rows:
                 return

@@ -15,6 +15,7 @@ from itertools import islice
 from typing import Any
 
 from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, file_streams
+from toolbus.bus.commands import SQLITE_INT_MAX
 from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.sqlite.schema import NOT_OK
 
@@ -220,14 +221,12 @@ def events_between(
     marks = ", ".join("?" * len(types))
     cursor = conn.execute(
         f"SELECT * FROM events WHERE type IN ({marks}) AND position BETWEEN ? AND ? ORDER BY position",
-        (*types, start, end if end is not None else _LAST),
+        (*types, start, end if end is not None else SQLITE_INT_MAX),
     )
     cursor.row_factory = sqlite3.Row
     while rows := cursor.fetchmany(_BATCH):
         yield from stored_events(conn, rows)
 
-
-_LAST = 2**63 - 1
 
 
 def blob_if_any(conn: sqlite3.Connection, digest: str) -> bytes | None:

@@ -584,8 +584,8 @@ class _Flusher:
 
 def _wake(event: threading.Event) -> None:
     """Set `event` unless it is set already, as it is under steady commits: `set` takes the
-    event's lock, 3-4 µs of every commit. Its thread clears it before its pass, which sees
-    whatever was committed before the check."""
+    event's lock, which its thread contends for (4 µs a commit in the append benchmark, with
+    syncs off). Its thread clears it before its pass, which sees what was committed before."""
     if not event.is_set():
         event.set()
 
