@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
+from mcp.types import CallToolResult
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.faults_helpers import assert_sound, journal_state, ready, rows
@@ -243,16 +244,23 @@ async def test_a_stuck_neovim_is_sent_no_more_interrupts(nvim: NeovimProcess, fi
         editor.disconnect()
 
 
+async def call_held_at_a_prompt(
+    journal: Path, nvim: NeovimProcess, autocmd: str, tool: str, arguments: dict[str, Any]
+) -> CallToolResult:
+    """`tool` through a server with a 1 s Neovim timeout, while a prompt in `autocmd` holds Neovim."""
+    attach_ui(nvim)
+    nvim.command(f'autocmd {autocmd} * call input("Really? ")')
+    with anyio.fail_after(GENEROUS):
+        async with toolbus(journal, nvim.address, "--nvim-timeout", "1") as client:
+            return await client.call_tool(tool, arguments)
+
+
 async def test_a_write_that_times_out_is_of_unknown_outcome_and_its_replaced_text_is_kept(
     journal_path: Path, nvim: NeovimProcess, files: Path
 ) -> None:
     path = open_file(nvim, files)
     nvim.set_lines(path, ["value = 2"])
-    attach_ui(nvim)
-    nvim.command('autocmd BufWritePre * call input("Really? ")')  # a prompt inside the write
-    with anyio.fail_after(GENEROUS):
-        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
-            result = await client.call_tool("saveDocument", {"filePath": str(path)})
+    result = await call_held_at_a_prompt(journal_path, nvim, "BufWritePre", "saveDocument", {"filePath": str(path)})
     message = text_of(result)
     assert result.is_error and "did not answer" in message
     assert "outcome is unknown" in message and "kept in the journal" in message
@@ -305,11 +313,7 @@ async def test_a_close_that_times_out_is_of_unknown_outcome_and_its_unsaved_text
 ) -> None:
     path = open_file(nvim, files)
     nvim.set_lines(path, ["value = unsaved"])
-    attach_ui(nvim)
-    nvim.command('autocmd BufWipeout * call input("Really? ")')  # a prompt inside the wipe
-    with anyio.fail_after(GENEROUS):
-        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "1") as client:
-            result = await client.call_tool("close_tab", {"tab_name": "a.py"})
+    result = await call_held_at_a_prompt(journal_path, nvim, "BufWipeout", "close_tab", {"tab_name": "a.py"})
     assert result.is_error and "did not answer" in text_of(result)
     state = assert_sound(journal_path)
     assert [c["status"] for c in state.commands] == ["in_doubt"]
