@@ -43,9 +43,11 @@ def memory_of(context: HandlerContext[Any]) -> MemoryStore:
 
 
 async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
-    # The schema asks for non-empty strings; text made of blanks is just as empty.
-    for field in ("title", "text"):
-        if not getattr(command, field).strip():
+    # The schema asks for non-empty strings; text made of blanks is just as empty (a blank agent
+    # or project would file the note where no caller looks).
+    for field in ("title", "text", "project", "memory_session_id", "agent", "department"):
+        value = getattr(command, field)
+        if value is not None and not value.strip():
             raise InvalidArguments(command.tool, f"{field}: expected a non-empty string, got only whitespace")
     now_ms = time.time_ns() // 1_000_000
     session_id = command.memory_session_id or f"mcp-{now_ms}-{secrets.token_hex(4)}"

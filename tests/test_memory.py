@@ -168,6 +168,10 @@ async def test_invalid_saves_are_errors_naming_the_field_and_store_nothing(
         ({"title": "", "text": "x"}, "title: expected a non-empty string"),
         ({"title": "   ", "text": "x"}, "title: expected a non-empty string"),
         ({"title": "t", "text": ""}, "text: expected a non-empty string"),
+        ({"title": "t", "text": "x", "project": "   "}, "project: expected a non-empty string, got only whitespace"),
+        ({"title": "t", "text": "x", "agent": " "}, "agent: expected a non-empty string, got only whitespace"),
+        ({"title": "t", "text": "x", "department": "\t"}, "department: expected a non-empty string"),
+        ({"title": "t", "text": "x", "memory_session_id": "  "}, "memory_session_id: expected a non-empty string"),
         ({"title": 7, "text": "x"}, "title: expected str, got int"),
         (
             {"title": "t", "text": "x", "type": "idea"},
