@@ -386,6 +386,14 @@ end
 
 local SEVERITY = { 'Error', 'Warning', 'Information', 'Hint' }
 
+-- LSP codes are numbers or strings; anything else is shown as text, and no code stays nil (null).
+local function code_of(code)
+  if code == nil or type(code) == 'number' then
+    return code
+  end
+  return tostring(code)
+end
+
 local function diagnostics_of(buf)
   local found = {}
   for i, item in ipairs(vim.diagnostic.get(buf)) do
@@ -397,7 +405,7 @@ local function diagnostics_of(buf)
         ['end'] = position(buf, item.end_lnum or item.lnum, item.end_col or item.col),
       },
       source = item.source,
-      code = (type(item.code) == 'number' or item.code == nil) and item.code or tostring(item.code),
+      code = code_of(item.code),
     }
   end
   return found
