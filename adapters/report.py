@@ -237,6 +237,7 @@ _RECOVERABLE_KIND = {
     "TabClosed": "unsaved, discarded",
     "FileWriteInDoubt": "before the write",
     "TabCloseInDoubt": "unsaved",
+    "DiffProposed": "proposal",
     "DiffRejected": "proposal, rejected",
     "DiffAcceptFailed": "accepted, not written",
 }

@@ -26,6 +26,8 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
     "DiffAccepted": ("replaced_blob", "the text on disk that the accepted diff replaced"),
     "DiffRejected": ("proposed_blob", "the proposal the user rejected"),
+    # A diff that ended without a decision (Neovim gone, cancelled, a crash) has only this.
+    "DiffProposed": ("proposed_blob", "the proposal shown to the user"),
     "DiffAcceptFailed": ("final_blob", "the text the user accepted, which could not be written"),
 }
 

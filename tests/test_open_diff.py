@@ -321,8 +321,10 @@ def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> No
     finally:
         nvim.kill()
     assert path.read_text() == "kept\n"
-    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "lost")
+    journal = JournalReader(tmp_path / "journal.db")
+    command, events = last_diff(journal, "lost")
     assert command["status"] == "failed" and [e["type"] for e in events] == ["DiffProposed"]
+    assert toolbus_cli(journal, "recover", str(events[0]["position"])) == "lost\n"  # as the message says
 
 
 def test_a_client_that_disconnects_leaves_no_view_and_a_cancelled_call(tmp_path: Path, nvim: NeovimProcess) -> None:
