@@ -44,6 +44,8 @@ BUSY = (
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
+# Where in Lua an error without a Vim code was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `.
+_LUA_WHERE = re.compile(r'^(?:\[string "[^"]*"\]|\S+\.lua):\d+: ')
 
 
 class OpenEditors(msgspec.Struct, frozen=True):
@@ -237,6 +239,9 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
 
 
 def vim_error(message: str) -> str:
-    """A Vim error as `Exxx: text`, without the Lua traceback or Vim's `(add ! to override)`."""
-    match = _VIM_ERROR.search(message)
-    return match[1] if match else message.strip().splitlines()[0] if message.strip() else "unknown error"
+    """A Vim error as `Exxx: text`, without the Lua traceback or Vim's `(add ! to override)`;
+    one without a code as its first line, without where in Lua it was raised."""
+    if match := _VIM_ERROR.search(message):
+        return match[1]
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return _LUA_WHERE.sub("", first) or "unknown error"

@@ -152,6 +152,21 @@ def test_accept_writes_the_proposal_into_the_open_buffer(
     assert f"@{accepted['position']} accepted diff {path}" in replay
 
 
+def test_an_accept_neovim_cannot_stage_says_why_in_its_words_not_luas(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    folder = files / "pkg"  # a directory: its buffer cannot take the proposal
+    folder.mkdir()
+    request = propose(server, folder, "x\n", "a folder")
+    shown(nvim)
+    nvim.command("write")
+    [message] = texts(server.wait_for(request))
+    assert message == "Failed to save: Buffer is not 'modifiable'"
+    assert folder.is_dir()
+    command, _ = last_diff(journal, "a folder")
+    assert command["status"] == "failed"
+
+
 def test_the_users_edits_to_the_proposal_are_what_is_written(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
