@@ -376,12 +376,22 @@ function M.selection()
   return visual(buf) or selection(buf, '', cursor, cursor)
 end
 
--- The last visual selection made in a file buffer, kept when the user leaves visual mode.
-local latest = nil
+-- The last visual selection made in a file buffer, kept when the user leaves visual mode, and
+-- how many were made so far. Each toolbus that connects notes that count (`connected`) and is
+-- shown only selections made after it: this module outlives the toolbus that loaded it.
+local latest, selections, seen_at_connect = nil, 0, {}
 
-function M.latest_selection()
+function M.connected(toolbus)
+  seen_at_connect[toolbus] = selections
+end
+
+function M.latest_selection(toolbus)
   local buf = api.nvim_get_current_buf()
-  return (is_file_buffer(buf) and visual(buf)) or latest or vim.NIL
+  local current = is_file_buffer(buf) and visual(buf)
+  if current then
+    return current
+  end
+  return (latest and selections > (seen_at_connect[toolbus] or 0)) and latest or vim.NIL
 end
 
 local SEVERITY = { 'Error', 'Warning', 'Information', 'Hint' }
@@ -908,7 +918,9 @@ api.nvim_create_autocmd('ModeChanged', {
     if VISUAL[was] and not VISUAL[now] and is_file_buffer(args.buf) then
       -- Never an error in the user's face for a selection toolbus could not read.
       local ok, found = pcall(region, args.buf, vim.fn.visualmode(), vim.fn.getpos("'<"), vim.fn.getpos("'>"))
-      latest = ok and found or latest
+      if ok and found then
+        latest, selections = found, selections + 1
+      end
     end
   end,
 })

@@ -61,6 +61,10 @@ _MISSING = "\x00toolbus-lua-missing"
 # Loads the module (and its autocmds: selection tracking) unless this Neovim already has it.
 _LOAD_LUA_IF_MISSING = f"if _G[{LUA_MODULE!r}] == nil then {_LOAD_LUA} end"
 
+# Notes that this toolbus connected: its latest selection is one made since. Quiet in a Neovim
+# whose module an older toolbus loaded: a notification's error would show in the user's editor.
+_NOTE_CONNECTED = f"local m = _G[{LUA_MODULE!r}] if m and m.connected then m.connected(...) end"
+
 
 # --- finding Neovim ---------------------------------------------------------------------
 
@@ -357,6 +361,7 @@ class NvimEditor:
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
         self._diffs: dict[str, _Diff] = {}  # open views by id
         self._diff_tabs: dict[str, None] = {}  # names of every view opened, oldest first
+        self._name = secrets.token_hex(8)  # this toolbus, to Neovim's selection tracking
 
     # Editor protocol
 
@@ -386,7 +391,7 @@ class NvimEditor:
         return _selection(await self._lua("selection"))
 
     async def latest_selection(self) -> Selection | None:
-        return _selection(await self._lua("latest_selection"))
+        return _selection(await self._lua("latest_selection", self._name))
 
     async def diagnostics(self, path: str | None) -> list[FileDiagnostics] | None:
         found = await self._lua("diagnostics", path)
@@ -526,10 +531,12 @@ class NvimEditor:
 
     async def connect(self) -> None:
         """Connect now, not at the first call, and load toolbus's Lua into Neovim, so that what
-        it tracks there (the latest selection) is tracked from the start. The load is a
-        notification: a busy Neovim runs it when free, and it never times out or interrupts."""
+        it tracks there (the latest selection) is tracked from the start, and only from then for
+        this toolbus. Notifications: a busy Neovim runs them when free, and they never time out
+        or interrupt it."""
         session = await self._connect()
         session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
+        session.notify("nvim_exec_lua", _NOTE_CONNECTED, (self._name,))  # run in order, after the load
 
     async def _connect(self) -> _Session:
         if self._session is not None and self._session.alive:  # as for almost every call: no lock to take

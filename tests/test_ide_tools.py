@@ -172,6 +172,22 @@ async def test_the_latest_selection_outlives_visual_mode_and_the_buffer(
     assert (await selection(client, "getLatestSelection"))["text"] == "de"
 
 
+async def test_a_toolbus_is_shown_no_selection_made_before_it_connected(
+    client: Client, nvim: NeovimProcess, files: Path, tmp_path: Path
+) -> None:
+    """Neovim keeps tracking selections after a toolbus goes: the next agent's starts afresh."""
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "ggwve", "v")
+    user_types(nvim, "<Esc>")
+    assert (await selection(client, "getLatestSelection"))["text"] == "beta"
+    async with toolbus(tmp_path / "journal.db", nvim.address) as later:
+        assert await selection(later, "getLatestSelection") == {"success": False, "message": "No selection available"}
+        user_types(nvim, "gg0ve", "v")
+        user_types(nvim, "<Esc>")
+        assert (await selection(later, "getLatestSelection"))["text"] == "alpha"
+    assert (await selection(client, "getLatestSelection"))["text"] == "alpha"  # the first one sees it too
+
+
 async def test_selections_are_tracked_from_when_toolbus_connects_not_from_its_first_call(
     tmp_path: Path, files: Path
 ) -> None:
