@@ -590,6 +590,9 @@ function M.open_file(path, ask)
     api.nvim_win_set_cursor(0, { span[1], span[2] - 1 })
     select(mode, span)
     opened.selected = { span[1], span[3] }
+  elseif VISUAL[api.nvim_get_mode().mode:sub(1, 1)] then
+    -- "nothing selected": not the selection an earlier openFile (or the user) left showing
+    api.nvim_feedkeys(api.nvim_replace_termcodes('<C-\\><C-n>', true, false, true), 'n', false)
   end
   return opened
 end

@@ -331,6 +331,8 @@ async def test_open_file_selects_from_start_text_to_end_text(
     assert (await selection(client))["text"] == "gamma delta"
     reply = await client.call_tool("openFile", {"filePath": path, "startText": "zeta", "endText": ""})
     assert text_of(reply) == f"Opened file: {path} (startText not found; nothing selected)"
+    wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "n")  # as it says: the last one is gone
+    assert (await selection(client))["text"] == ""
 
 
 async def test_open_file_not_frontmost_only_loads_it(client: Client, nvim: NeovimProcess, files: Path) -> None:
