@@ -890,6 +890,19 @@ function M.diff_close(id)
   return true
 end
 
+-- Close the views whose toolbus is gone (a kill leaves its channel closed and its views open):
+-- nobody would ever hear their decision. A toolbus still running closes its own.
+function M.diff_close_orphans()
+  local closed = 0
+  for id, view in pairs(diffs) do
+    if next(api.nvim_get_chan_info(view.chan)) == nil then
+      M.diff_close(id)
+      closed = closed + 1
+    end
+  end
+  return closed
+end
+
 -- The view of the current tab page, for :ToolbusAccept and :ToolbusReject.
 local function current_view()
   local tab = api.nvim_get_current_tabpage()

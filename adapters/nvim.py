@@ -466,7 +466,16 @@ class NvimEditor:
         ]
         for view in closing:
             await self.close_diff(view)
-        return len(closing)
+        if tab_name is not None:
+            return len(closing)
+        return len(closing) + await self._close_orphans()
+
+    async def _close_orphans(self) -> int:
+        """Views a toolbus that is gone left open (killed, it could not close them)."""
+        try:
+            return int(await self._lua("diff_close_orphans"))
+        except NvimRequestError:  # a module an older toolbus loaded: it has no such function
+            return 0
 
     def diff_tab_known(self, tab_name: str) -> bool:
         return tab_name in self._diff_tabs

@@ -370,6 +370,21 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     assert path.read_text() == "kept\n"
 
 
+def test_close_all_diff_tabs_closes_the_views_of_a_killed_toolbus(tmp_path: Path, nvim: NeovimProcess) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    with start_server(tmp_path, nvim) as killed:
+        propose(killed, path, "orphan\n", "orphan")
+        shown(nvim)
+        killed.process.kill()  # SIGKILL: it cannot close its view
+        killed.process.wait(timeout=10)
+    assert tabs(nvim) == 2
+    with start_server(tmp_path, nvim) as later:
+        assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_1_DIFF_TABS"]
+        assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_0_DIFF_TABS"]
+    assert tabs(nvim) == 1 and path.read_text() == "kept\n"
+
+
 def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp_path: Path) -> None:
     nvim = NeovimProcess(tmp_path / "nvim")
     path, blocking = tmp_path / "a.py", tmp_path / "b.py"
