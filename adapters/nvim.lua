@@ -382,7 +382,9 @@ end
 local latest, selections, seen_at_connect = nil, 0, {}
 
 function M.connected(toolbus)
-  seen_at_connect[toolbus] = selections
+  if seen_at_connect[toolbus] == nil then -- a reconnection (after a timeout) is not a new toolbus
+    seen_at_connect[toolbus] = selections
+  end
 end
 
 function M.latest_selection(toolbus)
@@ -398,7 +400,7 @@ local SEVERITY = { 'Error', 'Warning', 'Information', 'Hint' }
 
 -- LSP codes are numbers or strings; anything else is shown as text, and no code stays nil (null).
 local function code_of(code)
-  if code == nil or type(code) == 'number' then
+  if code == nil or code == vim.NIL or type(code) == 'number' then
     return code
   end
   return tostring(code)
@@ -893,14 +895,11 @@ end
 -- Close the views whose toolbus is gone (a kill leaves its channel closed and its views open):
 -- nobody would ever hear their decision. A toolbus still running closes its own.
 function M.diff_close_orphans()
-  local closed = 0
   for id, view in pairs(diffs) do
     if next(api.nvim_get_chan_info(view.chan)) == nil then
       M.diff_close(id)
-      closed = closed + 1
     end
   end
-  return closed
 end
 
 -- The view of the current tab page, for :ToolbusAccept and :ToolbusReject.

@@ -64,6 +64,7 @@ _LOAD_LUA_IF_MISSING = f"if _G[{LUA_MODULE!r}] == nil then {_LOAD_LUA} end"
 # Notes that this toolbus connected: its latest selection is one made since. Quiet in a Neovim
 # whose module an older toolbus loaded: a notification's error would show in the user's editor.
 _NOTE_CONNECTED = f"local m = _G[{LUA_MODULE!r}] if m and m.connected then m.connected(...) end"
+_CLOSE_ORPHAN_VIEWS = f"local m = _G[{LUA_MODULE!r}] if m then m.diff_close_orphans() end"
 
 
 # --- finding Neovim ---------------------------------------------------------------------
@@ -466,16 +467,11 @@ class NvimEditor:
         ]
         for view in closing:
             await self.close_diff(view)
-        if tab_name is not None:
-            return len(closing)
-        return len(closing) + await self._close_orphans()
-
-    async def _close_orphans(self) -> int:
-        """Views a toolbus that is gone left open (killed, it could not close them)."""
-        try:
-            return int(await self._lua("diff_close_orphans"))
-        except NvimRequestError:  # a module an older toolbus loaded: it has no such function
-            return 0
+        if tab_name is None and self._session is not None and self._session.alive:
+            # Views a killed toolbus left open, closed as a notification: never a wait, nor an
+            # error, for a Neovim that is busy or at a prompt. Not counted: they were not waiting here.
+            self._session.notify("nvim_exec_lua", _CLOSE_ORPHAN_VIEWS, ())
+        return len(closing)
 
     def diff_tab_known(self, tab_name: str) -> bool:
         return tab_name in self._diff_tabs
@@ -539,13 +535,9 @@ class NvimEditor:
             raise EditorLost(f"{error} (the connection broke while a request was in flight)") from None
 
     async def connect(self) -> None:
-        """Connect now, not at the first call, and load toolbus's Lua into Neovim, so that what
-        it tracks there (the latest selection) is tracked from the start, and only from then for
-        this toolbus. Notifications: a busy Neovim runs them when free, and they never time out
-        or interrupt it."""
-        session = await self._connect()
-        session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
-        session.notify("nvim_exec_lua", _NOTE_CONNECTED, (self._name,))  # run in order, after the load
+        """Connect now, not at the first call, so that what toolbus's Lua tracks in Neovim (the
+        latest selection) is tracked from the start."""
+        await self._connect()
 
     async def _connect(self) -> _Session:
         if self._session is not None and self._session.alive:  # as for almost every call: no lock to take
@@ -567,6 +559,11 @@ class NvimEditor:
                 self._session = await _within(opening, self.timeout)
             except (OSError, TimeoutError) as error:
                 raise _unreachable(found.address, error) from None
+            # Load toolbus's Lua, and note when this toolbus connected (its latest selection is one
+            # made since). Notifications, run in order: a busy Neovim runs them when free, and they
+            # never time out or interrupt it.
+            self._session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
+            self._session.notify("nvim_exec_lua", _NOTE_CONNECTED, (self._name,))
         return self._session
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:

@@ -26,7 +26,7 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     "FileRestored": ("replaced_blob", "the text on disk that the restore replaced"),
     "DiffAccepted": ("replaced_blob", "the text on disk that the accepted diff replaced"),
     "DiffRejected": ("proposed_blob", "the proposal the user rejected"),
-    # A diff that ended without a decision (Neovim gone, cancelled, a crash) has only this.
+    # Every diff's proposal; the only text of one that ended undecided (Neovim gone, cancelled).
     "DiffProposed": ("proposed_blob", "the proposal shown to the user"),
     "DiffAcceptFailed": ("final_blob", "the text the user accepted, which could not be written"),
 }

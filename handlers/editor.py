@@ -44,8 +44,9 @@ BUSY = (
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
-# Where in Lua an error without a Vim code was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `.
-_LUA_WHERE = re.compile(r'^(?:\[string "[^"]*"\]|\S+\.lua):\d+: ')
+# Where in Lua an error without a Vim code was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `,
+# after "Error executing lua: " when it passed through a Vim command.
+_LUA_WHERE = re.compile(r'^(?:Error executing lua:? )?(?:\[string "[^"]*"\]|\S+\.lua):\d+: ')
 
 
 class OpenEditors(msgspec.Struct, frozen=True):

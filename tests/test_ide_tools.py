@@ -213,6 +213,14 @@ vim.diagnostic.set(vim.api.nvim_create_namespace('toolbus-test'), buf, items)
 """
 
 
+# ...and one more, whose code was decoded from JSON null, as a linter plugin's may be.
+SET_DIAGNOSTICS_NIL_CODE = """
+local buf, items = vim.fn.bufnr(...), select(2, ...)
+table.insert(items, { lnum = 0, col = 0, message = 'm', code = vim.NIL })
+vim.diagnostic.set(vim.api.nvim_create_namespace('toolbus-test'), buf, items)
+"""
+
+
 async def test_diagnostics_of_every_file_of_one_and_of_a_file_not_open(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
@@ -240,8 +248,9 @@ async def test_diagnostics_of_every_file_of_one_and_of_a_file_not_open(
         "code": "E1",
     }
     assert of_a["diagnostics"][1]["code"] == 7
+    nvim.lua(SET_DIAGNOSTICS_NIL_CODE, str(b), found[2:])
     [of_b] = json_of(await client.call_tool("getDiagnostics", {"uri": b.as_uri()}))
-    assert [(d["source"], d["code"]) for d in of_b["diagnostics"]] == [(None, None), (None, None)]
+    assert [(d["source"], d["code"]) for d in of_b["diagnostics"]] == [(None, None)] * 3
     missing = await client.call_tool("getDiagnostics", {"uri": (files / "nowhere.py").as_uri()})
     assert missing.is_error
     assert text_of(missing) == f"Document not open: {(files / 'nowhere.py').as_uri()}"
@@ -355,8 +364,13 @@ async def test_open_file_of_a_missing_file_is_an_error(client: Client, nvim: Neo
 # --- closeAllDiffTabs, and the journal --------------------------------------------------------
 
 
-async def test_close_all_diff_tabs_closes_none_while_there_are_none(client: Client, nvim: NeovimProcess) -> None:
+async def test_close_all_diff_tabs_closes_none_while_there_are_none(
+    client: Client, nvim: NeovimProcess, tmp_path: Path
+) -> None:
     assert text_of(await client.call_tool("closeAllDiffTabs", {})) == "CLOSED_0_DIFF_TABS"
+    # an agent calls it at the start of every turn: it needs no Neovim, and waits for none
+    async with toolbus(tmp_path / "journal.db", str(tmp_path / "no-nvim.sock")) as alone:
+        assert text_of(await alone.call_tool("closeAllDiffTabs", {})) == "CLOSED_0_DIFF_TABS"
 
 
 async def test_each_call_is_journaled_with_its_outcome(
