@@ -61,11 +61,6 @@ _MISSING = "\x00toolbus-lua-missing"
 # Loads the module (and its autocmds: selection tracking) unless this Neovim already has it.
 _LOAD_LUA_IF_MISSING = f"if _G[{LUA_MODULE!r}] == nil then {_LOAD_LUA} end"
 
-# Notes that this toolbus connected: its latest selection is one made since. Quiet in a Neovim
-# whose module an older toolbus loaded: a notification's error would show in the user's editor.
-_NOTE_CONNECTED = f"local m = _G[{LUA_MODULE!r}] if m and m.connected then m.connected(...) end"
-_CLOSE_ORPHAN_VIEWS = f"local m = _G[{LUA_MODULE!r}] if m then m.diff_close_orphans() end"
-
 
 # --- finding Neovim ---------------------------------------------------------------------
 
@@ -470,7 +465,7 @@ class NvimEditor:
         if tab_name is None and self._session is not None and self._session.alive:
             # Views a killed toolbus left open, closed as a notification: never a wait, nor an
             # error, for a Neovim that is busy or at a prompt. Not counted: they were not waiting here.
-            self._session.notify("nvim_exec_lua", _CLOSE_ORPHAN_VIEWS, ())
+            self._session.notify("nvim_exec_lua", _lua_notification("diff_close_orphans"), ())
         return len(closing)
 
     def diff_tab_known(self, tab_name: str) -> bool:
@@ -563,7 +558,7 @@ class NvimEditor:
             # made since). Notifications, run in order: a busy Neovim runs them when free, and they
             # never time out or interrupt it.
             self._session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
-            self._session.notify("nvim_exec_lua", _NOTE_CONNECTED, (self._name,))
+            self._session.notify("nvim_exec_lua", _lua_notification("connected"), (self._name,))
         return self._session
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
@@ -640,6 +635,12 @@ def _selection(found: Mapping[str, Any] | None) -> Selection | None:
 
 def _lua_call(function: str) -> str:
     return f"local m = _G[{LUA_MODULE!r}] if not m then return {_MISSING!r} end return m.{function}(...)"
+
+
+def _lua_notification(function: str) -> str:
+    """`_lua_call` for a notification: quiet when the module or the function is missing, since a
+    notification's error would show in the user's editor, and nobody waits for its answer."""
+    return f"local m = _G[{LUA_MODULE!r}] if m and m.{function} then m.{function}(...) end"
 
 
 async def _within(awaitable: Awaitable[T], timeout: float) -> T:
