@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
     from toolbus.adapters.arrival import ArrivalOrder
     from toolbus.adapters.nvim import NvimEditor
+    from toolbus.journal.postgres import PostgresJournal
+    from toolbus.journal.sqlite import SqliteJournal
 
 USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
 
@@ -99,26 +101,43 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     server = build_server(bus, caller.agent, caller.department, version(), arrivals, host=this_host())
     logging.getLogger("toolbus").info("serving; journal %s", shown(settings.journal))
     try:
-        anyio.run(_serve, server, arrivals, bus.services.editor)
+        anyio.run(_serve, server, arrivals, bus.services.editor, journal)
     finally:
         bus.services.editor.disconnect()
         journal.close()
     return 0
 
 
-async def _serve(server: Server[Any], arrivals: ArrivalOrder, editor: NvimEditor) -> None:
+async def _serve(
+    server: Server[Any], arrivals: ArrivalOrder, editor: NvimEditor, journal: SqliteJournal | PostgresJournal
+) -> None:
     import anyio
 
     from toolbus.adapters.mcp_server import serve_stdio
+
+    log = logging.getLogger("toolbus")
 
     async def connect_early() -> None:
         try:
             await editor.connect()
         except ToolbusError as error:  # no Neovim yet: the first call will look again
-            logging.getLogger("toolbus").info("not connected to Neovim yet: %s", error)
+            log.info("not connected to Neovim yet: %s", error)
+
+    async def settle_abandoned() -> None:
+        """What an earlier toolbus here was doing when it died, said under its files."""
+        try:
+            if settled := await journal.settle_abandoned(this_host()):
+                log.warning("%d command(s) of ended toolbus processes recorded as in doubt", settled)
+        except ToolbusError as error:  # the journal is busy: a later start settles them
+            log.warning("could not settle the commands of ended toolbus processes: %s", error)
+        except Exception:  # never worth stopping the server for
+            log.exception("could not settle the commands of ended toolbus processes")
 
     async with anyio.create_task_group() as starting:
         starting.start_soon(connect_early)
+        # Before the first answer: a client then finds in the journal all that was done before.
+        # Quick unless there is something to settle and another writer holds the journal.
+        await settle_abandoned()
         await serve_stdio(server, arrivals)
         starting.cancel_scope.cancel()
 

@@ -60,12 +60,19 @@ class JournalWriter(Protocol):
     """The write side of the journal, as the bus needs it."""
 
     async def begin(
-        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+        self,
+        record: CommandRecord,
+        keep: Mapping[str, bytes] | None = None,
+        *,
+        durable: bool = True,
+        pending: Sequence[Event] = (),
     ) -> int:
         """Record a command as `in_doubt` with `keep` (texts its action would destroy), in one
         transaction durable on disk when this returns; return the command's id. Not `durable`
         (for an action whose effect a power cut would undo too): committed, so it survives a
-        crash of toolbus, and brought to the disk by the outcome's sync."""
+        crash of toolbus, and brought to the disk by the outcome's sync. `pending`: the events
+        saying what its action may have done, which `settle_abandoned` appends if its process
+        ends before `finish` (which drops them)."""
         ...
 
     async def finish(
@@ -89,10 +96,18 @@ class JournalWriter(Protocol):
         `in_doubt` until `finish`; return their positions."""
         ...
 
-    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+    async def keep_blobs(
+        self, blobs: Mapping[str, bytes], *, command_id: int | None = None, pending: Sequence[Event] = ()
+    ) -> None:
         """Store texts (content-addressed, so idempotent) in a transaction of their own,
         durable on disk when this returns, and every commit before it with them: texts kept
-        already included."""
+        already included. With `command_id` (a begun command about to act again), its
+        `pending` events become these, in the same transaction."""
+        ...
+
+    async def settle_abandoned(self, host: str) -> int:
+        """Append the pending events of the commands begun on `host` whose toolbus process has
+        ended without finishing them, once each; they stay `in_doubt`. Returns how many."""
         ...
 
 

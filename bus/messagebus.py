@@ -67,20 +67,27 @@ class HandlerContext(Generic[C]):
     # flight still runs in Neovim), unless its handler knows better. Before, it is `cancelled`.
     on_cancel: Status = "in_doubt"
     # What the command may have done, recorded if it ends `in_doubt` (the file it may have
-    # changed and the text it kept), so that `history` and `recover` reach that text. Set by
-    # the handler just before it acts; a crash before the outcome leaves the row alone.
+    # changed and the text it kept), so that `history` and `recover` reach that text. Given to
+    # `write_ahead` just before the handler acts (which also records it for a crash, see
+    # `JournalWriter.settle_abandoned`), and cleared by the handler once the action answered.
     if_in_doubt: tuple[Event, ...] = ()
 
-    async def write_ahead(self, keep: Mapping[str, bytes] | None = None, *, durable: bool = True) -> None:
+    async def write_ahead(
+        self, keep: Mapping[str, bytes] | None = None, *, durable: bool = True, if_in_doubt: tuple[Event, ...] = ()
+    ) -> None:
         """Call before acting outside the journal: records the command as `in_doubt`, with `keep`
-        (the texts the action would destroy), in one transaction, durable on disk unless the
-        action's effect would not outlive a power cut either (`durable=False`; a crash of toolbus
-        still finds the row). Called again (a retry), it keeps the new texts in a transaction of
-        their own, durably."""
+        (the texts the action would destroy) and `if_in_doubt` (the events saying what the action
+        may do), in one transaction, durable on disk unless the action's effect would not outlive
+        a power cut either (`durable=False`; a crash of toolbus still finds the row). Called again
+        (a retry), it keeps the new texts and events in a transaction of their own, durably."""
         if self.command_id is None:
-            self.command_id = await self._journal.begin(self._record, keep, durable=durable)
+            self.command_id = await self._journal.begin(self._record, keep, durable=durable, pending=if_in_doubt)
+        elif if_in_doubt:
+            await self._journal.keep_blobs(keep or {}, command_id=self.command_id, pending=if_in_doubt)
         elif keep:
             await self._journal.keep_blobs(keep)
+        if if_in_doubt:
+            self.if_in_doubt = if_in_doubt
 
     async def record(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
         """Commit events before the outcome (a proposal shown to the user): durable at once,

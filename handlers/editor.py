@@ -133,9 +133,6 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
         if target.status != "ready":
             return SaveAttempt(target.path, target.status, target.message)
         replaced = await _keep_replaced(context, target)
-        # Until Neovim answers, the write may or may not happen: if it ends in doubt, the
-        # journal says so under the file, with the text kept.
-        context.if_in_doubt = (FileWriteInDoubt(path=target.path, replaced_blob=replaced),)
         outcome = await _write(editor, target)
         context.if_in_doubt = ()
         if outcome.status == "saved" and outcome.after is not None:
@@ -151,13 +148,15 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
 
 async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
     """Write ahead, with the disk text the write will replace: durable before the write, so a
-    save is never a loss."""
+    save is never a loss. Until Neovim answers, the write may or may not happen: if it ends in
+    doubt, the journal says so under the file, with the text kept."""
     kept = {} if target.before is None else {blob_hash(target.before): target.before}
+    replaced = next(iter(kept), None)
     try:
-        await context.write_ahead(kept)
+        await context.write_ahead(kept, if_in_doubt=(FileWriteInDoubt(path=target.path, replaced_blob=replaced),))
     except JournalUnavailable as error:
         raise JournalUnavailable(f"{error}. Nothing was written: {target.path} is unchanged") from error
-    return next(iter(kept), None)
+    return replaced
 
 
 async def _write(editor: Editor, target: SaveTarget) -> SaveOutcome:
@@ -222,9 +221,9 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
         if match.status == "found":
             # Unsaved text, on disk before the wipe: a close is never a loss, whatever happens
             # next (the wipe deletes the buffer's swap file too).
-            await context.write_ahead(kept)
-            context.if_in_doubt = (
-                TabCloseInDoubt(path=match.path, tab_name=command.tab_name, discarded_blob=discarded),
+            await context.write_ahead(
+                kept,
+                if_in_doubt=(TabCloseInDoubt(path=match.path, tab_name=command.tab_name, discarded_blob=discarded),),
             )
             wiped = await editor.wipe(match.buffer, match.tick)
             context.if_in_doubt = ()

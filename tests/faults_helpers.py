@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.conftest import NeovimProcess
+from tests.journal_helpers import cli
 from toolbus.bus import decode_event
 
 T = TypeVar("T")
@@ -91,6 +92,19 @@ def assert_sound(path: Path) -> JournalState:
     observations = rows(path, "SELECT id FROM observations ORDER BY id")
     assert [o["id"] for o in observations] == sorted(state.observation_ids())
     return state
+
+
+def assert_reachable(journal: Path, path: Path, position: int, words: str, kept: bytes) -> None:
+    """`toolbus history`, `audit --path` and `recover` lead a person to the text a call in doubt kept."""
+    history = cli("history", path, "--journal", journal)
+    [line] = [line for line in history.out.splitlines() if line.startswith(f"@{position} ")]
+    assert history.code == 0 and words in line, history.out + history.err
+    audit = cli("audit", "--path", path, "--journal", journal)
+    assert audit.code == 0 and "in_doubt" in audit.out and f"@{position} {words}" in audit.out, audit.out
+    copy = journal.parent / "kept"
+    recovered = cli("recover", str(position), "-o", copy, "--journal", journal)
+    assert recovered.code == 0, recovered.err
+    assert copy.read_bytes() == kept
 
 
 def saved_titles(path: Path) -> dict[int, str]:

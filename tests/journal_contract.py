@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ from toolbus.bus import (
     NoSuchEvent,
     ObservationSaved,
     TabClosed,
+    TabCloseInDoubt,
     blob_hash,
     file_streams,
 )
@@ -87,6 +89,34 @@ def _append_many(opener: Callable[[str], JournalWriter], location: str, count: i
             writer.close()  # type: ignore[attr-defined]
 
     anyio.run(work)
+
+
+HERE, ELSEWHERE = "workstation", "laptop"
+
+
+def begin_and_die(opener: Callable[[str], JournalWriter], location: str, agent: str = "claude") -> None:
+    """A toolbus on HERE killed mid-action: a save about to write (its retry's text and event
+    replacing the first's), a close about to wipe, and one that finished. No outcome is sent
+    and nothing is closed, as after a kill -9."""
+    here = Caller(agent=agent, department="platform", host=HERE)
+
+    async def work() -> None:
+        writer = opener(location)
+        save = record("saveDocument", {"filePath": "/src/a.py"}, here)
+        first = FileWriteInDoubt(path="/src/a.py", replaced_blob=blob_hash(b"first\n"))
+        command_id = await writer.begin(save, {blob_hash(b"first\n"): b"first\n"}, pending=[first])
+        retry = FileWriteInDoubt(path="/src/a.py", replaced_blob=blob_hash(b"retry\n"))
+        await writer.keep_blobs({blob_hash(b"retry\n"): b"retry\n"}, command_id=command_id, pending=[retry])
+        close = record("close_tab", {"tab_name": "b.md"}, here)
+        command_id = await writer.begin(close, durable=False)
+        wipe = TabCloseInDoubt(path="/src/b.md", tab_name="b.md", discarded_blob=blob_hash(b"unsaved\n"))
+        await writer.keep_blobs({blob_hash(b"unsaved\n"): b"unsaved\n"}, command_id=command_id, pending=[wipe])
+        done = record("saveDocument", {"filePath": "/src/c.py"}, here)
+        command_id = await writer.begin(done, pending=[FileWriteInDoubt(path="/src/c.py", replaced_blob=None)])
+        await writer.finish(done, command_id, "failed", error="E212: Can't open file for writing")
+
+    anyio.run(work)
+    os._exit(0)
 
 
 class JournalContract:
@@ -181,6 +211,40 @@ class JournalContract:
         [entry] = reader.history("/src/a.py")
         assert (entry.event.position, entry.event.type, entry.status) == (position, "FileWriteInDoubt", "in_doubt")
         assert recoverable(reader, entry.event).content == b"before\n"
+
+    def test_what_a_dead_process_was_doing_is_said_once_under_its_files(
+        self, location: str, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        """`settle_abandoned` appends the pending events of this machine's commands whose process
+        ended unfinished (its latest write-ahead's), not those of a live process, of another
+        machine or of a finished command; a second call finds nothing."""
+        dead = multiprocessing.get_context("spawn").Process(
+            target=begin_and_die, args=(type(self).writer_factory, location)
+        )
+        dead.start()
+        dead.join(timeout=120)
+        assert dead.exitcode == 0
+        live = FileWriteInDoubt(path="/src/live.py", replaced_blob=None)
+        for host in (HERE, ELSEWHERE):  # this very process, alive; a process of another machine
+            caller = Caller(agent="claude", department="platform", host=host)
+            anyio.run(functools.partial(writer.begin, record("saveDocument", {}, caller), pending=[live]))
+
+        assert anyio.run(writer.settle_abandoned, HERE) == 2
+        assert anyio.run(writer.settle_abandoned, HERE) == 0
+        reader = read()
+        [save] = reader.history("/src/a.py", host=HERE)
+        [close] = reader.history("/src/b.md", host=HERE)
+        assert (save.event.type, save.status, close.event.type, close.status) == (
+            "FileWriteInDoubt",
+            "in_doubt",
+            "TabCloseInDoubt",
+            "in_doubt",
+        )
+        assert recoverable(reader, save.event).content == b"retry\n"
+        assert recoverable(reader, close.event).content == b"unsaved\n"
+        assert reader.history("/src/c.py") == reader.history("/src/live.py") == []
+        settled = [entry.error for entry in reader.audit(AuditQuery()) if entry.events]
+        assert settled == 2 * [f"the toolbus process (pid {dead.pid}) ended before recording this command's outcome"]
 
     def test_writers_in_several_processes_share_one_gapless_order(
         self, location: str, read: Callable[[], JournalReader]

@@ -1,10 +1,14 @@
 """kill -9 of `toolbus serve` in the middle of a stream of saves: nothing acknowledged is lost,
-the file is intact, the unfinished command is visible as in doubt, and a restarted server goes
-on appending without a gap."""
+the file is intact, the unfinished command is visible as in doubt (and, once a server starts
+again, what it may have done, under its file), and a restarted server goes on appending
+without a gap."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NeovimProcess
-from tests.faults_helpers import assert_sound, journal_state, saved_titles, wait_until
+from tests.faults_helpers import assert_reachable, assert_sound, journal_state, saved_titles, wait_until
 from tests.rpc_client import NoAnswer, ServerGone, StdioServer, result_json, toolbus_argv
+from toolbus.journal.abandoned import process_gone
 
 
 def save(server: StdioServer, title: str) -> int:
@@ -50,15 +55,24 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(
     assert {c["status"] for c in state.commands} <= {"ok", "in_doubt"}
     last_position = max(titles)
 
+    assert not [e for e in state.events if e["command_id"] == held["id"]]  # nothing said yet
+
     nvim.command("autocmd! BufWritePre")
     with StdioServer(
         toolbus_argv(journal_path, nvim=nvim.address), stderr=tmp_path / "second.stderr"
     ) as server:
         server.initialize()
         after = [save(server, f"after {index}") for index in range(10)]
-    assert after == list(range(last_position + 1, last_position + 11))
+    # Before answering, the restarted server said under the file what the dead one may have
+    # done, with the text it kept; then it goes on appending without a gap.
     state = assert_sound(journal_path)
-    assert state.commands_with("in_doubt", "saveDocument") == [held]  # the truth stays as it was
+    [doubt] = [e for e in state.events if e["command_id"] == held["id"]]
+    assert (doubt["type"], doubt["position"]) == ("FileWriteInDoubt", last_position + 1)
+    assert after == list(range(last_position + 2, last_position + 12))
+    [settled] = state.commands_with("in_doubt", "saveDocument")  # the truth stays as it was, and says why
+    assert settled | {"error": None, "pending": None} == held | {"pending": None}
+    assert settled["error"] == f"the toolbus process (pid {held['pid']}) ended before recording this command's outcome"
+    assert_reachable(journal_path, document, doubt["position"], "may have been written", b"x = 1\n")
 
 
 class SaveStream:
@@ -110,3 +124,19 @@ def test_kill_9_at_random_moments_loses_nothing_acknowledged(tmp_path: Path, jou
         # At most the one call in flight is unfinished, and it never has an event.
         assert len(state.commands_with("in_doubt")) <= attempt + 1
     assert len(acknowledged) > 0
+
+
+def test_a_process_counts_as_gone_once_ended_a_zombie_or_its_pid_taken_by_a_later_one() -> None:
+    """What `toolbus serve` checks before saying what a command's process may have done."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started_before = time.time()
+    try:
+        assert not process_gone(os.getpid(), started_before)
+        assert not process_gone(child.pid, started_before)  # alive, and the one that was there
+        # The pid's process began after the command: the pid was reused, the command's process is gone.
+        assert process_gone(child.pid, started_before - 3600)
+        child.stdin.close()  # type: ignore[union-attr]
+        wait_until(lambda: process_gone(child.pid, started_before), timeout=20)  # a zombie: not reaped yet
+    finally:
+        child.wait(timeout=20)
+    assert process_gone(child.pid, started_before)

@@ -16,8 +16,7 @@ from mcp import Client
 from mcp.types import CallToolResult
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
-from tests.faults_helpers import assert_sound, journal_state, ready, rows
-from tests.journal_helpers import cli
+from tests.faults_helpers import assert_reachable, assert_sound, journal_state, ready, rows
 from tests.rpc_client import StdioServer, clean_env, toolbus_argv
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
@@ -293,19 +292,6 @@ def test_a_save_cut_short_by_stopping_the_server_is_of_unknown_outcome_and_reach
     assert [(c["status"], c["error"]) for c in state.commands] == [("in_doubt", CANCELLED)]
     [doubt] = state.events
     assert_reachable(journal_path, path, doubt["position"], "may have been written", b"value = 1\n")
-
-
-def assert_reachable(journal: Path, path: Path, position: int, words: str, kept: bytes) -> None:
-    """`toolbus history`, `audit --path` and `recover` lead a person to the text a call in doubt kept."""
-    history = cli("history", path, "--journal", journal)
-    [line] = [line for line in history.out.splitlines() if line.startswith(f"@{position} ")]
-    assert history.code == 0 and words in line, history.out + history.err
-    audit = cli("audit", "--path", path, "--journal", journal)
-    assert audit.code == 0 and "in_doubt" in audit.out and f"@{position} {words}" in audit.out, audit.out
-    copy = journal.parent / "kept"
-    recovered = cli("recover", str(position), "-o", copy, "--journal", journal)
-    assert recovered.code == 0, recovered.err
-    assert copy.read_bytes() == kept
 
 
 async def test_a_close_that_times_out_is_of_unknown_outcome_and_its_unsaved_text_is_reached(

@@ -428,13 +428,11 @@ class OutcomesFail:
     def __init__(self, journal: SqliteJournal) -> None:
         self.journal = journal
 
-    async def begin(
-        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
-    ) -> int:
-        return await self.journal.begin(record, keep, durable=durable)
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, **kw: Any) -> int:
+        return await self.journal.begin(record, keep, **kw)
 
-    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
-        await self.journal.keep_blobs(blobs)
+    async def keep_blobs(self, blobs: Mapping[str, bytes], **kw: Any) -> None:
+        await self.journal.keep_blobs(blobs, **kw)
 
     async def finish(
         self, record: CommandRecord, command_id: int | None, status: Status, *, events: Sequence[Event] = (), **kw: Any

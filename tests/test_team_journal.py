@@ -4,6 +4,7 @@ stops under a running toolbus."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import tempfile
@@ -15,10 +16,10 @@ import psycopg
 import pytest
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
-from tests.journal_contract import observation, record, saved
+from tests.journal_contract import HERE, begin_and_die, observation, record, saved
 from tests.postgres_server import Team
 from toolbus.bus import Caller
-from toolbus.journal.postgres import connect, init_schema, register_agent
+from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.sqlite import SqliteJournal
 
 pytestmark = pytest.mark.anyio
@@ -213,6 +214,52 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_on_a_team_journal(team: Te
         server.initialize()
         after = [save(server, f"after {index}") for index in range(5)]
     assert after == list(range(positions[-1] + 1, positions[-1] + 6))
+
+
+def test_an_agent_settles_what_its_own_dead_process_was_doing_and_no_one_else_can(team: Team) -> None:
+    """Under row-level security: the agent updates its own row and appends to its own command."""
+    alice, carol = (PostgresJournal(team.url(name)) for name in ("alice", "carol"))
+    try:
+        dead = multiprocessing.get_context("spawn").Process(
+            target=begin_and_die, args=(PostgresJournal, team.url("alice"), team.roles["alice"])
+        )
+        dead.start()
+        dead.join(timeout=120)
+        assert dead.exitcode == 0
+        assert anyio.run(carol.settle_abandoned, HERE) == 0
+        assert anyio.run(alice.settle_abandoned, HERE) == 2
+    finally:
+        alice.close()
+        carol.close()
+    in_doubt = admin_rows(
+        team, "SELECT e.type, e.agent FROM events AS e JOIN commands AS c ON c.id = e.command_id ORDER BY e.position"
+    )
+    assert in_doubt == [("FileWriteInDoubt", team.roles["alice"]), ("TabCloseInDoubt", team.roles["alice"])]
+
+
+def test_a_team_journal_without_the_pending_column_works_until_init_adds_it(team: Team) -> None:
+    """A journal of schema 1: an agent of a newer toolbus writes ahead as before, and settles
+    nothing, until its admin runs `journal init` again."""
+    with connect(team.admin_url) as conn:
+        conn.execute("ALTER TABLE toolbus.commands DROP COLUMN pending")
+    call = record("saveDocument", {"filePath": "/src/a.py"}, Caller(agent=team.roles["alice"], department="platform"))
+    event, blobs = saved("/src/a.py", b"old\n", b"new\n")
+
+    async def save(journal: PostgresJournal) -> list[int]:
+        command_id = await journal.begin(call, blobs, pending=[event])
+        await journal.keep_blobs(blobs, command_id=command_id, pending=[event])
+        return await journal.finish(call, command_id, "ok", events=[event])
+
+    for _ in ("schema 1", "initialised again"):
+        journal = PostgresJournal(team.url("alice"))
+        try:
+            assert len(anyio.run(save, journal)) == 1
+            assert anyio.run(journal.settle_abandoned, HERE) == 0
+        finally:
+            journal.close()
+        with connect(team.admin_url) as conn:
+            init_schema(conn)
+    assert admin_rows(team, "SELECT count(*) FROM commands WHERE status = 'ok' AND pending IS NULL") == [(2,)]
 
 
 async def test_replay_memory_rebuilds_a_team_journal_and_check_finds_it_whole(team: Team) -> None:

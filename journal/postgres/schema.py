@@ -32,7 +32,7 @@ from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
 AGENT_GROUP = "toolbus_agent"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: commands.pending
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
 APPEND_LOCK = 0x74627573
 IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
@@ -61,6 +61,10 @@ _TABLES = (
         status text NOT NULL,
         error text
     )""",
+    # What a command under way may do, as events (`journal.abandoned`); NULL once it finished.
+    # Added to a journal of schema 1 by running `journal init` again.
+    "ALTER TABLE commands ADD COLUMN IF NOT EXISTS pending text",
+    "CREATE INDEX IF NOT EXISTS commands_pending ON commands (host) WHERE pending IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS commands_by_time ON commands (received_at, id)",
     "CREATE INDEX IF NOT EXISTS commands_by_tool ON commands (tool, received_at)",
     "CREATE INDEX IF NOT EXISTS commands_by_agent ON commands (agent, received_at)",
@@ -157,7 +161,8 @@ _POLICIES = {
     "commands": {
         "SELECT": "USING (agent = current_user)",
         "INSERT": f"WITH CHECK ({_IN_OWN_NAME})",
-        # Finishing its own command under way: a finished one is history, not to be rewritten.
+        # Finishing its own command under way (or settling one whose process died): a finished
+        # one is history, not to be rewritten.
         "UPDATE": "USING (agent = current_user AND status = 'in_doubt') WITH CHECK (agent = current_user)",
     },
     "events": {
@@ -184,7 +189,7 @@ _GRANTS = (
     f"GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_GROUP}",
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
-    f"GRANT UPDATE (status, error, finished_at, duration_ms) ON commands TO {AGENT_GROUP}",
+    f"GRANT UPDATE (status, error, finished_at, duration_ms, pending) ON commands TO {AGENT_GROUP}",
     f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery, tsquery) TO {AGENT_GROUP}",
 )
 
@@ -241,6 +246,16 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
                 sql.Identifier(role), sql.Literal(f"{IDLE_IN_TRANSACTION_TIMEOUT}s")
             )
         )
+
+
+def keeps_pending(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the team journal has `commands.pending` (schema 2): until its admin runs
+    `journal init` again, a journal of schema 1 works as before, without it."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'pending' AND NOT attisdropped",
+        (f"{SCHEMA}.commands",),
+    ).fetchone()
+    return row is not None
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:

@@ -10,6 +10,7 @@ for the disk, which the WAL writer reaches within a fraction of a second.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -24,9 +25,10 @@ from psycopg.conninfo import conninfo_to_dict
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
+from toolbus.journal.abandoned import Abandoned, abandoned, pending_text, why_abandoned
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
-from toolbus.journal.postgres.schema import SCHEMA, schema_version
+from toolbus.journal.postgres.schema import SCHEMA, keeps_pending, schema_version
 from toolbus.journal.rows import Outcome, command_row, event_ids, storable_row, without_nul
 from toolbus.journal.worker import Worker
 
@@ -123,6 +125,7 @@ class PostgresJournal:
         self._worker: Worker | None = None
         self._conn: Connection | None = None
         self.agent, self.department = check_journal(self._connection(), self.location)
+        self._keeps_pending = keeps_pending(self._connection())
 
     # --- the connection and its thread ------------------------------------------------------
 
@@ -182,17 +185,23 @@ class PostgresJournal:
     # --- bus.JournalWriter --------------------------------------------------------------------
 
     async def begin(
-        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+        self,
+        record: CommandRecord,
+        keep: Mapping[str, bytes] | None = None,
+        *,
+        durable: bool = True,
+        pending: Sequence[Event] = (),
     ) -> int:
         # Always durable, `durable` or not: the journal is another machine's, whose crash or
         # failover Neovim would outlive, and the outcome would then update a row that is gone.
         key = uuid.uuid4()
+        pending_column = (pending_text(pending),) if self._keeps_pending else ()
 
         def work(conn: Connection) -> int:
             with conn.transaction():
                 if keep:
                     _insert_blobs(conn, keep)
-                return _insert_command(conn, key, record, "in_doubt", None, None)
+                return _insert_command(conn, key, record, "in_doubt", None, None, pending_column)
 
         return await self.run(work)
 
@@ -208,7 +217,8 @@ class PostgresJournal:
     ) -> list[int]:
         outcome = Outcome(record, status, error, events, blobs)
         key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
-        return await self.run(lambda conn: _record(conn, outcome, command_id, key, ids, finished_ns))
+        record_it = functools.partial(_record, keeps_pending=self._keeps_pending)
+        return await self.run(lambda conn: record_it(conn, outcome, command_id, key, ids, finished_ns))
 
     async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
         ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
@@ -224,12 +234,30 @@ class PostgresJournal:
 
         return await self.run(work)
 
-    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+    async def keep_blobs(
+        self, blobs: Mapping[str, bytes], *, command_id: int | None = None, pending: Sequence[Event] = ()
+    ) -> None:
         def work(conn: Connection) -> None:
             with conn.transaction():
                 _insert_blobs(conn, blobs)
+                if command_id is not None and self._keeps_pending:
+                    conn.execute("UPDATE commands SET pending = %s WHERE id = %s", (pending_text(pending), command_id))
 
         await self.run(work)
+
+    async def settle_abandoned(self, host: str) -> int:
+        if not self._keeps_pending:
+            return 0
+
+        def work(conn: Connection) -> int:
+            # Safe to send again: a command settled by a first attempt is claimed no more.
+            gone = abandoned(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
+            if not gone:
+                return 0
+            with conn.transaction():
+                return _settle(conn, gone)
+
+        return await self.run(work)
 
     def rebuild_memory(self) -> int:
         """Drop the memory store's rows and project every saved observation again (the admin's)."""
@@ -253,26 +281,41 @@ class PostgresJournal:
 
 
 def _record(
-    conn: Connection, outcome: Outcome, command_id: int | None, key: uuid.UUID, ids: list[str], finished_ns: int
+    conn: Connection,
+    outcome: Outcome,
+    command_id: int | None,
+    key: uuid.UUID,
+    ids: list[str],
+    finished_ns: int,
+    *,
+    keeps_pending: bool = False,
 ) -> list[int]:
     with conn.transaction():
         if not outcome.record.changes:
             # Committed without waiting for the disk: nothing changed, and the WAL writer
             # flushes it within wal_writer_delay.
             conn.execute("SET LOCAL synchronous_commit = off")
-        return insert_outcome(conn, outcome, command_id, key, ids, finished_ns)
+        return insert_outcome(conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending)
 
 
 def insert_outcome(
-    conn: Connection, outcome: Outcome, command_id: int | None, key: uuid.UUID, ids: list[str], finished_ns: int
+    conn: Connection,
+    outcome: Outcome,
+    command_id: int | None,
+    key: uuid.UUID,
+    ids: list[str],
+    finished_ns: int,
+    *,
+    keeps_pending: bool = False,
 ) -> list[int]:
-    """The command's final row, its blobs, its events and their projections (in a transaction)."""
+    """The command's final row, its blobs, its events and their projections (in a transaction).
+    `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears."""
     record, finished_at = outcome.record, iso_time(finished_ns)
     if command_id is None:
         command_id = _insert_command(conn, key, record, outcome.status, outcome.error, finished_ns)
     else:
         conn.execute(
-            "UPDATE commands SET status = %s, error = %s, finished_at = %s, duration_ms = %s WHERE id = %s",
+            _FINISH_CLEARING_PENDING if keeps_pending else _FINISH,
             (
                 outcome.status,
                 outcome.error and without_nul(outcome.error),
@@ -287,20 +330,57 @@ def insert_outcome(
     return _append(conn, command_id, caller.agent, caller.department, outcome.events, ids, finished_at)
 
 
+_FINISH = "UPDATE commands SET status = %s, error = %s, finished_at = %s, duration_ms = %s WHERE id = %s"
+# Whatever it had pending is settled by its outcome (a journal without the column never had any).
+_FINISH_CLEARING_PENDING = _FINISH.replace(" WHERE", ", pending = NULL WHERE")
+
+# Begun on this machine and not finished, with events pending (`journal.abandoned`): an agent's
+# own, as row-level security shows it only those.
+_ABANDONED_HERE = (
+    "SELECT id, pid, received_at, pending FROM commands WHERE pending IS NOT NULL AND host = %s"
+    " AND status = 'in_doubt' AND finished_at IS NULL"
+)
+
+
+def _settle(conn: Connection, gone: Sequence[Abandoned]) -> int:
+    """Append the pending events of commands whose process is gone, each once (in a transaction)."""
+    settled = 0
+    for command_id, pid, events in gone:
+        claimed = conn.execute(
+            "UPDATE commands SET pending = NULL, error = coalesce(error, %s)"
+            " WHERE id = %s AND pending IS NOT NULL AND finished_at IS NULL RETURNING agent, department",
+            (why_abandoned(pid), command_id),
+        ).fetchone()
+        if claimed is not None:  # not settled meanwhile by another toolbus starting
+            ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
+            _append(conn, command_id, claimed[0], claimed[1], events, ids, recorded_at)
+            settled += 1
+    return settled
+
+
 _INSERT_COMMAND = (
     "INSERT INTO commands (request_key, tool, arguments, agent, department, client_name, client_version,"
     " session_id, host, pid, received_at, finished_at, duration_ms, status, error)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (request_key) DO NOTHING RETURNING id"
 )
+_INSERT_BEGUN = _INSERT_COMMAND.replace("error)", "error, pending)").replace("%s)", "%s, %s)")
 
 
 def _insert_command(
-    conn: Connection, key: uuid.UUID, record: CommandRecord, status: Status, error: str | None, finished_ns: int | None
+    conn: Connection,
+    key: uuid.UUID,
+    record: CommandRecord,
+    status: Status,
+    error: str | None,
+    finished_ns: int | None,
+    pending: tuple[str | None] | tuple[()] = (),
 ) -> int:
+    """A command's row; with its `pending` column when given (the journal has it)."""
     finished_at = iso_time(finished_ns) if finished_ns is not None else None
     row = command_row(record, status, error, os.getpid(), finished_ns, finished_at)
-    inserted = conn.execute(_INSERT_COMMAND, (key, *storable_row(row))).fetchone()
+    sql = _INSERT_BEGUN if pending else _INSERT_COMMAND
+    inserted = conn.execute(sql, (key, *storable_row(row), *pending)).fetchone()
     if inserted is None:  # sent before, by a commit whose answer was lost
         inserted = conn.execute("SELECT id FROM commands WHERE request_key = %s", (key,)).fetchone()
     if inserted is None:

@@ -181,6 +181,13 @@ def _audience_trigger(db: sqlite_utils.Database) -> None:
     keep_audience_by_trigger(db.conn)
 
 
+def _pending(db: sqlite_utils.Database) -> None:
+    """A command under way records what its action may do (`journal.abandoned`), so that the
+    next `toolbus serve` can say so if the process dies before the outcome. Rows from before
+    stay NULL: nothing pending."""
+    db["commands"].add_column("pending", str)  # type: ignore[union-attr]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_core,
     _memory_tables,
@@ -191,6 +198,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _search_index,
     _audience_table,
     _audience_trigger,
+    _pending,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

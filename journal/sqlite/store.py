@@ -23,10 +23,11 @@ from typing import Literal, TypeVar
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
+from toolbus.journal.abandoned import Abandoned, abandoned, pending_text, why_abandoned
 from toolbus.journal.rows import Outcome, command_row, event_ids, valid_text
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
-from toolbus.journal.sqlite.schema import check_identity, migrate
+from toolbus.journal.sqlite.schema import NOT_OK, check_identity, migrate
 from toolbus.journal.sqlite.sql import transaction
 from toolbus.journal.worker import Worker
 
@@ -212,12 +213,17 @@ class SqliteJournal:
     # --- the bus's side (bus.Journal) ---------------------------------------------------
 
     async def begin(
-        self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, *, durable: bool = True
+        self,
+        record: CommandRecord,
+        keep: Mapping[str, bytes] | None = None,
+        *,
+        durable: bool = True,
+        pending: Sequence[Event] = (),
     ) -> int:
         def work(conn: sqlite3.Connection) -> int:
             if keep:
                 _insert_blobs(conn, keep)
-            return _insert_command(conn, record, "in_doubt")
+            return _insert_begun(conn, record, pending_text(pending))
 
         return await self._commit(work, sync=durable, blobs=keep)
 
@@ -325,16 +331,30 @@ class SqliteJournal:
 
         return await self.run(work)
 
-    async def keep_blobs(self, blobs: Mapping[str, bytes]) -> None:
+    async def keep_blobs(
+        self, blobs: Mapping[str, bytes], *, command_id: int | None = None, pending: Sequence[Event] = ()
+    ) -> None:
         def work(conn: sqlite3.Connection) -> bool:
             before = conn.total_changes
             _insert_blobs(conn, blobs)
+            if command_id is not None:
+                conn.execute("UPDATE commands SET pending = ? WHERE id = ?", (pending_text(pending), command_id))
             return conn.total_changes != before
 
         if not await self._commit(work, sync=True, blobs=blobs) and self._synchronous == "FULL":
             # Texts kept already leave the transaction empty, and SQLite then writes and syncs
             # nothing: a write-ahead row committed without a sync before it would stay off the disk.
             await self.run(lambda conn: self._flusher.sync_now())
+
+    async def settle_abandoned(self, host: str) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            gone = abandoned(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
+            if not gone:
+                return 0
+            with self._transaction(conn, sync=True):
+                return _settle(conn, gone)
+
+        return await self.run(work)
 
     def rebuild_memory(self) -> int:
         """Drop the memory store and rebuild it from the journal's events; the observation count."""
@@ -353,7 +373,7 @@ def _record(conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, 
     if command_id is None:
         return _record_new(conn, (outcome,), finished_ns)[0]
     conn.execute(
-        "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
+        "UPDATE commands SET status = ?, error = ?, finished_at = ?, duration_ms = ?, pending = NULL WHERE id = ?",
         (
             outcome.status,
             valid_text(outcome.error),
@@ -386,6 +406,29 @@ def _record_new(conn: sqlite3.Connection, outcomes: Sequence[Outcome], finished_
         by_command.append(positions[: len(outcome.events)])
         del positions[: len(outcome.events)]
     return by_command
+
+
+# Begun on this machine and not finished, with events pending (`journal.abandoned`). Through the
+# partial index of commands that are not `ok`: an in-doubt command is one of the few there.
+_ABANDONED_HERE = (
+    "SELECT id, pid, received_at, pending FROM commands"
+    f" WHERE {NOT_OK} AND status = 'in_doubt' AND finished_at IS NULL AND pending IS NOT NULL AND host = ?"
+)
+
+
+def _settle(conn: sqlite3.Connection, gone: Sequence[Abandoned]) -> int:
+    """Append the pending events of commands whose process is gone, each once (inside a transaction)."""
+    settled = 0
+    for command_id, pid, events in gone:
+        claimed = conn.execute(
+            "UPDATE commands SET pending = NULL, error = coalesce(error, ?)"
+            " WHERE id = ? AND pending IS NOT NULL AND finished_at IS NULL",
+            (why_abandoned(pid), command_id),
+        )
+        if claimed.rowcount:  # not settled meanwhile by another toolbus starting
+            _append(conn, [(command_id, event) for event in events], iso_time(time.time_ns()))
+            settled += 1
+    return settled
 
 
 def _insert_consecutive(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]]) -> int:
@@ -598,23 +641,18 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-_INSERT_COMMAND = (
-    "INSERT INTO commands (tool, arguments, agent, department, client_name, client_version, session_id,"
-    " host, pid, received_at, finished_at, duration_ms, status, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_COMMAND_COLUMNS = (
+    "tool, arguments, agent, department, client_name, client_version, session_id,"
+    " host, pid, received_at, finished_at, duration_ms, status, error"
 )
+_INSERT_COMMAND = f"INSERT INTO commands ({_COMMAND_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_BEGUN = f"INSERT INTO commands ({_COMMAND_COLUMNS}, pending) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 
-def _insert_command(
-    conn: sqlite3.Connection,
-    record: CommandRecord,
-    status: Status,
-    error: str | None = None,
-    finished_ns: int | None = None,
-) -> int:
-    finished_at = iso_time(finished_ns) if finished_ns is not None else None
-    return _insert_consecutive(
-        conn, _INSERT_COMMAND, [command_row(record, status, error, os.getpid(), finished_ns, finished_at)]
-    )
+def _insert_begun(conn: sqlite3.Connection, record: CommandRecord, pending: str | None) -> int:
+    """A command under way, `in_doubt` until its outcome, with the events it leaves if its process dies."""
+    row = (*command_row(record, "in_doubt", None, os.getpid(), None, None), pending)
+    return _insert_consecutive(conn, _INSERT_BEGUN, [row])
 
 
 def _writable(path: Path) -> bool:
