@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import anyio
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, toolbus
+from toolbus.bus import CommandRecord, JournalUnavailable, Status
+from toolbus.journal import SqliteJournal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,3 +103,19 @@ async def _record(s: EditorSession) -> None:
         assert json_of(await client.call_tool("saveDocument", {"filePath": a}))["saved"]
     async with toolbus(s.journal, str(s.root / "no-such-nvim.sock"), "--agent", "writer") as client:
         assert (await client.call_tool("getOpenEditors", {})).is_error
+
+
+class OutcomesFail:
+    """The journal, but its outcome commits fail: a disk that fills up mid-command."""
+
+    def __init__(self, journal: SqliteJournal) -> None:
+        self.journal = journal
+
+    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, **kw: Any) -> int:
+        return await self.journal.begin(record, keep, **kw)
+
+    async def keep_blobs(self, blobs: Mapping[str, bytes], **kw: Any) -> None:
+        await self.journal.keep_blobs(blobs, **kw)
+
+    async def finish(self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any) -> list[int]:
+        raise JournalUnavailable("disk full")

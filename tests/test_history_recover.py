@@ -8,20 +8,19 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import saved
-from tests.journal_helpers import EditorSession, cli, record_editor_session
+from tests.journal_helpers import EditorSession, OutcomesFail, cli, record_editor_session
 from toolbus.adapters.bootstrap import Services
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimEditor
-from toolbus.bus import Bus, Caller, CommandRecord, JournalUnavailable, JournalWriter, RestoreFile, Status, blob_hash
+from toolbus.bus import Bus, Caller, CommandRecord, JournalUnavailable, JournalWriter, RestoreFile, blob_hash
 from toolbus.handlers import HANDLERS, Files
 from toolbus.handlers.restore import Restored
 from toolbus.journal import SqliteJournal
@@ -281,24 +280,6 @@ def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_sess
 RECORDED = b"recorded\n"
 
 
-class FailingCommits:
-    """A journal whose outcome commits fail, as on a disk that fills up mid-command."""
-
-    def __init__(self, journal: SqliteJournal) -> None:
-        self.journal = journal
-
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, **kw: Any) -> int:
-        return await self.journal.begin(record, keep, **kw)
-
-    async def finish(
-        self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any
-    ) -> list[int]:
-        raise JournalUnavailable("disk full")
-
-    async def keep_blobs(self, blobs: Mapping[str, bytes], **kw: Any) -> None:
-        await self.journal.keep_blobs(blobs, **kw)
-
-
 async def restore_in_process(
     journal_path: Path,
     target: Path,
@@ -350,7 +331,7 @@ async def test_apply_whose_outcome_cannot_be_journaled_stays_in_doubt_and_loses_
     target, journal = tmp_path / "notes.txt", tmp_path / "journal.db"
     target.write_bytes(b"current\n")
     with pytest.raises(JournalUnavailable):
-        await restore_in_process(journal, target, LocalFiles(), FailingCommits)
+        await restore_in_process(journal, target, LocalFiles(), OutcomesFail)
     assert target.read_bytes() == RECORDED  # the write happened; the journal could not say so
     reader = JournalReader(journal)
     [command] = reader.commands("recover")

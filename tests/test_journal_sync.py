@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,17 +20,16 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.journal_helpers import OutcomesFail
 from tests.sync_counter import SyncCounter, counting_syncs, fresh_copy
 from toolbus.bus import (
     TOOL_COMMANDS,
     Bus,
     Caller,
     CommandRecord,
-    Event,
     Fault,
     InvalidArguments,
     JournalUnavailable,
-    Status,
     blob_hash,
 )
 from toolbus.handlers import HANDLERS, SaveOutcome, SaveTarget, TabMatch
@@ -420,24 +419,6 @@ def test_a_memory_save_takes_one_sync(syncs: SyncCounter, path: Path, tmp_path: 
         assert tools(syncs.power_cut(path, tmp_path / "cut")) == [("save", "ok")]
     finally:
         journal.close()
-
-
-class OutcomesFail:
-    """The journal, but its outcome commits fail: a disk that fills up mid-command."""
-
-    def __init__(self, journal: SqliteJournal) -> None:
-        self.journal = journal
-
-    async def begin(self, record: CommandRecord, keep: Mapping[str, bytes] | None = None, **kw: Any) -> int:
-        return await self.journal.begin(record, keep, **kw)
-
-    async def keep_blobs(self, blobs: Mapping[str, bytes], **kw: Any) -> None:
-        await self.journal.keep_blobs(blobs, **kw)
-
-    async def finish(
-        self, record: CommandRecord, command_id: int | None, status: Status, *, events: Sequence[Event] = (), **kw: Any
-    ) -> list[int]:
-        raise JournalUnavailable("disk full")
 
 
 def test_a_close_whose_outcome_cannot_be_recorded_stays_in_doubt_with_its_text(
