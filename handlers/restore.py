@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from toolbus.bus import Fault, FileRestored, HandlerContext, RestoreFile, blob_hash
+from toolbus.bus import Fault, FileRestored, FileWriteInDoubt, HandlerContext, RestoreFile, blob_hash
 from toolbus.handlers.ports import Files, Texts
 
 
@@ -26,9 +26,13 @@ async def restore_file(command: RestoreFile, context: HandlerContext[Any]) -> Re
     if content is None:
         raise Fault(f"the journal has lost blob {command.blob}: it cannot be recovered")
     before = await files.read(path)
-    # Durable before the write: whatever happens next, what it overwrites is not lost.
-    await context.write_ahead({blob_hash(before): before} if before is not None else None)
+    # Durable before the write: whatever happens next, what it overwrites is not lost, and
+    # should toolbus die before the outcome, the next server says so under the file.
+    kept = {blob_hash(before): before} if before is not None else {}
+    doubt = FileWriteInDoubt(path=path, replaced_blob=next(iter(kept), None))
+    await context.write_ahead(kept, if_in_doubt=(doubt,))
     replaced = await files.replace(path, content)
+    context.if_in_doubt = ()
     blobs = {command.blob: content}
     if replaced is not None:  # normally `before`; it differs if the file changed in between
         blobs[blob_hash(replaced)] = replaced

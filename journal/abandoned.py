@@ -1,15 +1,16 @@
 """Commands whose toolbus process ended mid-action (killed, or the machine lost power).
 
 A command about to act outside the journal (a write, a wipe) records with its write-ahead row
-what it may have done, as events (`pending`). Its outcome clears them. If the process dies
-first, the row stays `in_doubt` with them, and the next `toolbus serve` on that machine
-appends them, so that `history` and `recover` reach the text the command kept. Every backend
-shares this; each stores `pending` in its `commands` row.
+what it may have done, as events, and which process it is (`pending`). Its outcome clears
+them. If the process dies first, the row stays `in_doubt` with them, and the next
+`toolbus serve` on that machine appends them, so that `history` and `recover` reach the text
+the command kept. Every backend shares this; each stores `pending` in its `commands` row.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,16 +18,34 @@ from typing import NamedTuple
 
 import msgspec
 
-from toolbus.bus import Event
+from toolbus.bus import Event, FileWriteInDoubt, TabCloseInDoubt
 from toolbus.bus.events import decode_event, encode_event_data
-from toolbus.bus.moments import parse_iso
 
-# Where a process started, in clock ticks after boot: field 22 of /proc/PID/stat, which is
-# the 20th after the command name (itself in parentheses, and free to hold spaces).
+log = logging.getLogger(__name__)
+
+# The only events a settle appends: what an action in doubt may have done to a file. Anything
+# else in a row's `pending` (written by hand, or by a newer toolbus) is left alone.
+SETTLED_TYPES: frozenset[str] = frozenset(cls.__struct_config__.tag for cls in (FileWriteInDoubt, TabCloseInDoubt))
+# Field 22 of /proc/PID/stat, the process's start in clock ticks after boot: the 20th after
+# the command name, which is in parentheses and may hold spaces.
 _STARTED_FIELD = 19
-_STATE_FIELD = 0
-# /proc's start times count in clock ticks, from a boot time given in whole seconds.
-_START_SLACK_S = 1.0
+
+
+class ProcessMark(NamedTuple):
+    """A process as Linux names it for all its life: the boot, its pid namespace, and when it
+    started after boot. Pids are reused; these three together are not."""
+
+    boot: str
+    pid_namespace: int
+    started: int
+
+
+class _Pending(msgspec.Struct, frozen=True):
+    """A `commands.pending` value: the process that wrote it (None where /proc is missing),
+    and each event as [type, version, data]."""
+
+    process: ProcessMark | None
+    events: list[tuple[str, int, msgspec.Raw]]
 
 
 class Abandoned(NamedTuple):
@@ -38,29 +57,35 @@ class Abandoned(NamedTuple):
 
 
 def pending_text(events: Sequence[Event]) -> str | None:
-    """`events` as a `commands.pending` value: a JSON array of [type, version, data]; None for none."""
+    """`events` as a `commands.pending` value, marked with this process; None for none."""
     if not events:
         return None
-    return msgspec.json.encode(
-        [(event.__struct_config__.tag, type(event).version, msgspec.Raw(encode_event_data(event))) for event in events]
-    ).decode()
-
-
-def pending_events(text: str) -> list[Event]:
-    """The events a `commands.pending` value holds, upcast to their current types."""
-    return [
-        decode_event(type_name, version, bytes(data))
-        for type_name, version, data in msgspec.json.decode(text, type=list[tuple[str, int, msgspec.Raw]])
+    entries = [
+        (event.__struct_config__.tag, type(event).version, msgspec.Raw(encode_event_data(event))) for event in events
     ]
+    return msgspec.json.encode(_Pending(this_process(), entries)).decode()
 
 
-def abandoned(rows: Iterable[tuple[int, int | None, str, str]]) -> list[Abandoned]:
-    """Of rows (command id, pid, received_at, pending) of this machine, those whose process is gone."""
-    return [
-        Abandoned(command_id, pid, pending_events(pending))
-        for command_id, pid, received_at, pending in rows
-        if pid is not None and process_gone(pid, parse_iso(received_at).at.timestamp())
-    ]
+def dead_commands(rows: Iterable[tuple[int, int | None, str]]) -> list[Abandoned]:
+    """Of rows (command id, pid, pending) of this machine, those whose process has ended. A row
+    whose `pending` this toolbus cannot read is skipped, with a warning: it never stops the others."""
+    found = []
+    for command_id, pid, text in rows:
+        try:
+            pending = msgspec.json.decode(text, type=_Pending)
+            events = [_settled_event(*entry) for entry in pending.events]
+        except (msgspec.DecodeError, ValueError) as error:
+            log.warning("command %d: its pending events are left alone: %s", command_id, error)
+            continue
+        if pid is not None and process_gone(pid, pending.process):
+            found.append(Abandoned(command_id, pid, events))
+    return found
+
+
+def _settled_event(type_name: str, version: int, data: msgspec.Raw) -> Event:
+    if type_name not in SETTLED_TYPES:
+        raise ValueError(f"{type_name} is not an event a settle appends")
+    return decode_event(type_name, version, bytes(data))
 
 
 def why_abandoned(pid: int) -> str:
@@ -68,25 +93,51 @@ def why_abandoned(pid: int) -> str:
     return f"the toolbus process (pid {pid}) ended before recording this command's outcome"
 
 
-def process_gone(pid: int, since: float) -> bool:
-    """Whether the process `pid` that was running at `since` (epoch seconds) has ended. A pid
-    reused by a later process (after a reboot, say) is gone too, where /proc says when it began;
-    elsewhere only a pid no process holds is. A zombie is gone: it runs no more code."""
-    if pid == os.getpid():
+def process_gone(pid: int, mark: ProcessMark | None) -> bool:
+    """Whether the process `pid`, which wrote `mark`, has ended: the machine booted since, or no
+    process of its start holds `pid` (a zombie runs no more code). One of another pid namespace
+    (a container sharing the host's name) cannot be judged from here: it counts as alive.
+    Without /proc, only a pid no process holds is gone."""
+    here = this_process()
+    if mark is None or here is None:
+        return _no_such_process(pid)
+    if mark.boot != here.boot:
+        return True
+    if mark.pid_namespace != here.pid_namespace:
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state, started = _state_and_start(pid)
     except FileNotFoundError:
-        if Path("/proc/self/stat").exists():
-            return True
-        return _no_such_process(pid)
+        return True
     except OSError:
         return _no_such_process(pid)
+    return state in ("Z", "X") or started != mark.started
+
+
+def this_process() -> ProcessMark | None:
+    """This process's mark; None where /proc does not tell it."""
+    return _this_process(os.getpid())  # by pid: a forked child is another process
+
+
+@functools.cache
+def _this_process(pid: int) -> ProcessMark | None:
+    return process_mark(pid)
+
+
+def process_mark(pid: int) -> ProcessMark | None:
+    """The mark of the process `pid` of this pid namespace; None where /proc does not tell it."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return ProcessMark(boot, os.stat("/proc/self/ns/pid").st_ino, _state_and_start(pid)[1])
+    except OSError:
+        return None
+
+
+def _state_and_start(pid: int) -> tuple[str, int]:
+    """A process's state letter and start, from /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[_STATE_FIELD] in ("Z", "X"):
-        return True
-    started = _boot_time() + int(fields[_STARTED_FIELD]) / os.sysconf("SC_CLK_TCK")
-    return started > since + _START_SLACK_S
+    return fields[0], int(fields[_STARTED_FIELD])
 
 
 def _no_such_process(pid: int) -> bool:
@@ -97,11 +148,3 @@ def _no_such_process(pid: int) -> bool:
     except OSError:  # PermissionError: another user's process holds it
         return False
     return False
-
-
-def _boot_time() -> float:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0

@@ -96,8 +96,9 @@ HERE, ELSEWHERE = "workstation", "laptop"
 
 def begin_and_die(opener: Callable[[str], JournalWriter], location: str, agent: str = "claude") -> None:
     """A toolbus on HERE killed mid-action: a save about to write (its retry's text and event
-    replacing the first's), a close about to wipe, and one that finished. No outcome is sent
-    and nothing is closed, as after a kill -9."""
+    replacing the first's), a close about to wipe, and one that finished; with, to be left
+    alone, a command it said was of another machine and one whose pending event is not an
+    action's doubt. No outcome is sent and nothing is closed, as after a kill -9."""
     here = Caller(agent=agent, department="platform", host=HERE)
 
     async def work() -> None:
@@ -114,6 +115,10 @@ def begin_and_die(opener: Callable[[str], JournalWriter], location: str, agent: 
         done = record("saveDocument", {"filePath": "/src/c.py"}, here)
         command_id = await writer.begin(done, pending=[FileWriteInDoubt(path="/src/c.py", replaced_blob=None)])
         await writer.finish(done, command_id, "failed", error="E212: Can't open file for writing")
+        elsewhere = Caller(agent=agent, department="platform", host=ELSEWHERE)
+        away = FileWriteInDoubt(path="/src/away.py", replaced_blob=None)
+        await writer.begin(record("saveDocument", {"filePath": "/src/away.py"}, elsewhere), pending=[away])
+        await writer.begin(record("save", {}, here), pending=[observation("planted", "not a doubt", caller=here)])
 
     anyio.run(work)
     os._exit(0)
@@ -242,7 +247,8 @@ class JournalContract:
         )
         assert recoverable(reader, save.event).content == b"retry\n"
         assert recoverable(reader, close.event).content == b"unsaved\n"
-        assert reader.history("/src/c.py") == reader.history("/src/live.py") == []
+        assert reader.history("/src/c.py") == reader.history("/src/live.py") == reader.history("/src/away.py") == []
+        assert list(reader.events(["ObservationSaved"])) == []
         settled = [entry.error for entry in reader.audit(AuditQuery()) if entry.events]
         assert settled == 2 * [f"the toolbus process (pid {dead.pid}) ended before recording this command's outcome"]
 
@@ -449,9 +455,7 @@ class JournalContract:
 
     # --- text any client may send -----------------------------------------------------------
 
-    def test_text_with_nul_is_recorded(
-        self, writer: JournalWriter, read: Callable[[], JournalReader]
-    ) -> None:
+    def test_text_with_nul_is_recorded(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         # The bus refuses lone surrogates before anything is recorded; a NUL it lets through.
         note = observation("nul\x00title", "text with a nul\x00 inside")
 

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import NeovimProcess
 from tests.faults_helpers import assert_reachable, assert_sound, journal_state, saved_titles, wait_until
 from tests.rpc_client import NoAnswer, ServerGone, StdioServer, result_json, toolbus_argv
-from toolbus.journal.abandoned import process_gone
+from toolbus.journal.abandoned import process_gone, process_mark, this_process
 
 
 def save(server: StdioServer, title: str) -> int:
@@ -129,14 +129,17 @@ def test_kill_9_at_random_moments_loses_nothing_acknowledged(tmp_path: Path, jou
 def test_a_process_counts_as_gone_once_ended_a_zombie_or_its_pid_taken_by_a_later_one() -> None:
     """What `toolbus serve` checks before saying what a command's process may have done."""
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    started_before = time.time()
     try:
-        assert not process_gone(os.getpid(), started_before)
-        assert not process_gone(child.pid, started_before)  # alive, and the one that was there
-        # The pid's process began after the command: the pid was reused, the command's process is gone.
-        assert process_gone(child.pid, started_before - 3600)
+        here, mark = this_process(), process_mark(child.pid)
+        assert here is not None and mark is not None
+        assert not process_gone(os.getpid(), here)
+        assert not process_gone(child.pid, mark)  # alive, and the one that wrote the mark
+        assert not process_gone(child.pid, None)  # a mark written without /proc: the pid alone
+        assert process_gone(child.pid, mark._replace(started=mark.started - 1))  # the pid was reused
+        assert process_gone(child.pid, mark._replace(boot="another boot"))  # the machine restarted
+        assert not process_gone(2**22 + 1, mark._replace(pid_namespace=1))  # another namespace: unknowable
         child.stdin.close()  # type: ignore[union-attr]
-        wait_until(lambda: process_gone(child.pid, started_before), timeout=20)  # a zombie: not reaped yet
+        wait_until(lambda: process_gone(child.pid, mark), timeout=20)  # a zombie: not reaped yet
     finally:
         child.wait(timeout=20)
-    assert process_gone(child.pid, started_before)
+    assert process_gone(child.pid, mark) and process_gone(child.pid, None)

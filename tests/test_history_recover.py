@@ -4,6 +4,7 @@ unsaved text, both recorded by real tool calls, told and given back — and writ
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -338,6 +339,9 @@ async def test_apply_whose_outcome_cannot_be_journaled_stays_in_doubt_and_loses_
     assert command["status"] == "in_doubt"
     assert reader.blob(blob_hash(b"current\n")) == b"current\n"  # what it overwrote is kept
     assert reader.events() == []
+    # ...and the row says what it may have done, for the next server should this process die now.
+    [doubt] = [event for _, _, event in json.loads(command["pending"])["events"]]
+    assert doubt == {"event": "FileWriteInDoubt", "path": str(target), "replaced_blob": blob_hash(b"current\n")}
 
 
 @pytest.mark.anyio

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import HERE, begin_and_die, observation, record, saved
 from tests.postgres_server import Team
-from toolbus.bus import Caller
+from toolbus.bus import Caller, FileWriteInDoubt
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.sqlite import SqliteJournal
 
@@ -238,27 +238,33 @@ def test_an_agent_settles_what_its_own_dead_process_was_doing_and_no_one_else_ca
 
 
 def test_a_team_journal_without_the_pending_column_works_until_init_adds_it(team: Team) -> None:
-    """A journal of schema 1: an agent of a newer toolbus writes ahead as before, and settles
-    nothing, until its admin runs `journal init` again."""
+    """A journal of schema 1: an agent of a newer toolbus writes ahead and finishes as before,
+    without what it may do, until its admin runs `journal init` again."""
     with connect(team.admin_url) as conn:
         conn.execute("ALTER TABLE toolbus.commands DROP COLUMN pending")
     call = record("saveDocument", {"filePath": "/src/a.py"}, Caller(agent=team.roles["alice"], department="platform"))
     event, blobs = saved("/src/a.py", b"old\n", b"new\n")
+    doubt = FileWriteInDoubt(path="/src/a.py", replaced_blob=event.replaced_blob)
 
-    async def save(journal: PostgresJournal) -> list[int]:
-        command_id = await journal.begin(call, blobs, pending=[event])
-        await journal.keep_blobs(blobs, command_id=command_id, pending=[event])
-        return await journal.finish(call, command_id, "ok", events=[event])
+    def save(pending_under_way: str) -> None:
+        """A save, with what its row holds while it acts (read by the admin) and after."""
 
-    for _ in ("schema 1", "initialised again"):
+        async def work(journal: PostgresJournal) -> list[int]:
+            command_id = await journal.begin(call, blobs, pending=[doubt])
+            await journal.keep_blobs(blobs, command_id=command_id, pending=[doubt])
+            assert admin_rows(team, f"SELECT {pending_under_way} FROM commands WHERE id = %s", command_id) == [(True,)]
+            return await journal.finish(call, command_id, "ok", events=[event])
+
         journal = PostgresJournal(team.url("alice"))
         try:
-            assert len(anyio.run(save, journal)) == 1
-            assert anyio.run(journal.settle_abandoned, HERE) == 0
+            assert len(anyio.run(work, journal)) == 1
         finally:
             journal.close()
-        with connect(team.admin_url) as conn:
-            init_schema(conn)
+
+    save("true")  # no column to read
+    with connect(team.admin_url) as conn:
+        init_schema(conn)
+    save("pending::jsonb -> 'events' -> 0 ->> 0 = 'FileWriteInDoubt'")
     assert admin_rows(team, "SELECT count(*) FROM commands WHERE status = 'ok' AND pending IS NULL") == [(2,)]
 
 

@@ -10,7 +10,6 @@ for the disk, which the WAL writer reaches within a fraction of a second.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -25,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
-from toolbus.journal.abandoned import Abandoned, abandoned, pending_text, why_abandoned
+from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 from toolbus.journal.postgres.schema import SCHEMA, keeps_pending, schema_version
@@ -195,13 +194,15 @@ class PostgresJournal:
         # Always durable, `durable` or not: the journal is another machine's, whose crash or
         # failover Neovim would outlive, and the outcome would then update a row that is gone.
         key = uuid.uuid4()
-        pending_column = (pending_text(pending),) if self._keeps_pending else ()
+        pending_events, keeps_pending = pending_text(pending), self._keeps_pending
 
         def work(conn: Connection) -> int:
             with conn.transaction():
                 if keep:
                     _insert_blobs(conn, keep)
-                return _insert_command(conn, key, record, "in_doubt", None, None, pending_column)
+                return _insert_command(
+                    conn, key, record, "in_doubt", None, None, pending_events, keeps_pending=keeps_pending
+                )
 
         return await self.run(work)
 
@@ -217,8 +218,10 @@ class PostgresJournal:
     ) -> list[int]:
         outcome = Outcome(record, status, error, events, blobs)
         key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
-        record_it = functools.partial(_record, keeps_pending=self._keeps_pending)
-        return await self.run(lambda conn: record_it(conn, outcome, command_id, key, ids, finished_ns))
+        keeps_pending = self._keeps_pending
+        return await self.run(
+            lambda conn: _record(conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending)
+        )
 
     async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
         ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
@@ -251,7 +254,7 @@ class PostgresJournal:
 
         def work(conn: Connection) -> int:
             # Safe to send again: a command settled by a first attempt is claimed no more.
-            gone = abandoned(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
+            gone = dead_commands(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
             if not gone:
                 return 0
             with conn.transaction():
@@ -330,14 +333,17 @@ def insert_outcome(
     return _append(conn, command_id, caller.agent, caller.department, outcome.events, ids, finished_at)
 
 
-_FINISH = "UPDATE commands SET status = %s, error = %s, finished_at = %s, duration_ms = %s WHERE id = %s"
+_FINISHED = "status = %s, error = %s, finished_at = %s, duration_ms = %s"
+_FINISH = f"UPDATE commands SET {_FINISHED} WHERE id = %s"
 # Whatever it had pending is settled by its outcome (a journal without the column never had any).
-_FINISH_CLEARING_PENDING = _FINISH.replace(" WHERE", ", pending = NULL WHERE")
+_FINISH_CLEARING_PENDING = f"UPDATE commands SET {_FINISHED}, pending = NULL WHERE id = %s"
 
 # Begun on this machine and not finished, with events pending (`journal.abandoned`): an agent's
-# own, as row-level security shows it only those.
+# own, as row-level security shows it only those. The admin, whom it does not bind, settles any
+# agent's, in that agent's name; `dead_commands` lets through only the `*InDoubt` events an
+# agent may append to its own command itself.
 _ABANDONED_HERE = (
-    "SELECT id, pid, received_at, pending FROM commands WHERE pending IS NOT NULL AND host = %s"
+    "SELECT id, pid, pending FROM commands WHERE pending IS NOT NULL AND host = %s"
     " AND status = 'in_doubt' AND finished_at IS NULL"
 )
 
@@ -358,13 +364,13 @@ def _settle(conn: Connection, gone: Sequence[Abandoned]) -> int:
     return settled
 
 
-_INSERT_COMMAND = (
-    "INSERT INTO commands (request_key, tool, arguments, agent, department, client_name, client_version,"
-    " session_id, host, pid, received_at, finished_at, duration_ms, status, error)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-    " ON CONFLICT (request_key) DO NOTHING RETURNING id"
+_COMMAND_COLUMNS = (
+    "request_key, tool, arguments, agent, department, client_name, client_version,"
+    " session_id, host, pid, received_at, finished_at, duration_ms, status, error"
 )
-_INSERT_BEGUN = _INSERT_COMMAND.replace("error)", "error, pending)").replace("%s)", "%s, %s)")
+_NEW = " ON CONFLICT (request_key) DO NOTHING RETURNING id"
+_INSERT_COMMAND = f"INSERT INTO commands ({_COMMAND_COLUMNS}) VALUES ({', '.join(['%s'] * 15)}){_NEW}"
+_INSERT_BEGUN = f"INSERT INTO commands ({_COMMAND_COLUMNS}, pending) VALUES ({', '.join(['%s'] * 16)}){_NEW}"
 
 
 def _insert_command(
@@ -374,13 +380,15 @@ def _insert_command(
     status: Status,
     error: str | None,
     finished_ns: int | None,
-    pending: tuple[str | None] | tuple[()] = (),
+    pending: str | None = None,
+    *,
+    keeps_pending: bool = False,
 ) -> int:
-    """A command's row; with its `pending` column when given (the journal has it)."""
+    """A command's row; with its `pending` events if the journal `keeps_pending`."""
     finished_at = iso_time(finished_ns) if finished_ns is not None else None
-    row = command_row(record, status, error, os.getpid(), finished_ns, finished_at)
-    sql = _INSERT_BEGUN if pending else _INSERT_COMMAND
-    inserted = conn.execute(sql, (key, *storable_row(row), *pending)).fetchone()
+    row = (*command_row(record, status, error, os.getpid(), finished_ns, finished_at), pending)
+    sql, row = (_INSERT_BEGUN, row) if keeps_pending else (_INSERT_COMMAND, row[:-1])
+    inserted = conn.execute(sql, (key, *storable_row(row))).fetchone()
     if inserted is None:  # sent before, by a commit whose answer was lost
         inserted = conn.execute("SELECT id FROM commands WHERE request_key = %s", (key,)).fetchone()
     if inserted is None:

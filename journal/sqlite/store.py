@@ -23,7 +23,7 @@ from typing import Literal, TypeVar
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
-from toolbus.journal.abandoned import Abandoned, abandoned, pending_text, why_abandoned
+from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
 from toolbus.journal.rows import Outcome, command_row, event_ids, valid_text
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
@@ -348,7 +348,7 @@ class SqliteJournal:
 
     async def settle_abandoned(self, host: str) -> int:
         def work(conn: sqlite3.Connection) -> int:
-            gone = abandoned(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
+            gone = dead_commands(conn.execute(_ABANDONED_HERE, (host,)).fetchall())
             if not gone:
                 return 0
             with self._transaction(conn, sync=True):
@@ -411,7 +411,7 @@ def _record_new(conn: sqlite3.Connection, outcomes: Sequence[Outcome], finished_
 # Begun on this machine and not finished, with events pending (`journal.abandoned`). Through the
 # partial index of commands that are not `ok`: an in-doubt command is one of the few there.
 _ABANDONED_HERE = (
-    "SELECT id, pid, received_at, pending FROM commands"
+    "SELECT id, pid, pending FROM commands"
     f" WHERE {NOT_OK} AND status = 'in_doubt' AND finished_at IS NULL AND pending IS NOT NULL AND host = ?"
 )
 
