@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 from collections.abc import Iterator
@@ -156,14 +157,29 @@ async def test_replay_memory_check_detects_a_tampered_store(memory_journal: Path
 # --- replay editor -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def session(tmp_path: Path) -> Iterator[EditorSession]:
-    recorded = record_editor_session(tmp_path / "recorded")
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[EditorSession, Path]:
+    """A session recorded once per module (its paths are in the journal), and a copy of its
+    files and journal as they were at its end."""
+    recorded = record_editor_session(tmp_path_factory.mktemp("recorded"))
     # a restore too: the unsaved text the close of b.txt discarded, written back
     closed = recorded.position("TabClosed", "b.txt")
     assert cli("recover", str(closed), "--apply", "--journal", recorded.journal).code == 0
-    yield recorded
     recorded.nvim.kill()
+    pristine = tmp_path_factory.mktemp("pristine")
+    shutil.copytree(recorded.root, pristine, dirs_exist_ok=True, ignore=shutil.ignore_patterns("nvim*"))
+    return recorded, pristine
+
+
+@pytest.fixture
+def session(recorded: tuple[EditorSession, Path]) -> EditorSession:
+    """That session, its files and journal as recorded (a test may change both; tests of one
+    process run one at a time)."""
+    session, pristine = recorded
+    for name in ("work", "state"):
+        shutil.rmtree(session.root / name)
+        shutil.copytree(pristine / name, session.root / name)
+    return session
 
 
 @pytest.fixture
