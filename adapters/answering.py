@@ -12,6 +12,11 @@ in order). Good lines cost a deque append and pop; only a line the SDK refused i
 by Python's own JSON parser, which takes both. A request recovered that way goes on to the SDK
 as if it had parsed it (so a `tools/call` reaches the bus, which rejects a lone surrogate as an
 invalid argument, and journals it); anything else is answered here with a JSON-RPC error.
+
+A `tools/call` whose `arguments` are not an object (a client that sends them as a JSON string,
+say) would get the SDK's bare "Invalid request parameters", unjournaled. It goes on with the
+arguments wrapped in an object the SDK accepts (`wrap_arguments`), and the tool handler unwraps
+them (`arguments_as_sent`), so the bus rejects the call, saying why, and journals it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class _AnsweredStream:
     async def receive(self) -> Item:
         item = await self._receive()
         if isinstance(item, SessionMessage):
+            item = wrap_arguments(item)
             self._on_message(item.message)
         return item
 
@@ -120,6 +126,30 @@ class _AnsweredStream:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+# The one key of the object that carries a tool call's arguments that are not an object.
+_NOT_AN_OBJECT = "toolbus: arguments not an object"
+
+
+def wrap_arguments(item: SessionMessage) -> SessionMessage:
+    """`item`, but a `tools/call` whose `arguments` are neither an object nor null carries them
+    wrapped in one, which `arguments_as_sent` unwraps."""
+    message = item.message
+    if not (isinstance(message, types.JSONRPCRequest) and message.method == "tools/call"):
+        return item
+    params = message.params
+    if not isinstance(params, dict) or params.get("arguments") is None or isinstance(params["arguments"], dict):
+        return item
+    wrapped = {**params, "arguments": {_NOT_AN_OBJECT: params["arguments"]}}
+    return SessionMessage(message.model_copy(update={"params": wrapped}), item.metadata)
+
+
+def arguments_as_sent(arguments: dict[str, Any] | None) -> Any:
+    """A tool call's arguments as the client sent them, unwrapped if `wrap_arguments` wrapped them."""
+    if arguments is not None and len(arguments) == 1 and _NOT_AN_OBJECT in arguments:
+        return arguments[_NOT_AN_OBJECT]
+    return arguments
 
 
 def recover(line: str) -> SessionMessage | types.JSONRPCError | None:

@@ -16,6 +16,7 @@ import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
+from toolbus.adapters.answering import arguments_as_sent
 from toolbus.adapters.arrival import ArrivalOrder
 from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
 
@@ -106,7 +107,7 @@ def build_server(
 
         try:
             async with arrivals.turn(ctx.request_id):
-                reply = await bus.handle(params.name, params.arguments, caller, waiting)
+                reply = await bus.handle(params.name, arguments_as_sent(params.arguments), caller, waiting)
         except ToolbusError as error:
             result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
         else:

@@ -137,7 +137,7 @@ class Bus:
     async def handle(
         self,
         tool: str,
-        arguments: Mapping[str, Any] | None,
+        arguments: object,
         caller: Caller,
         waiting: Callable[[], None] = _no_wait,
     ) -> Reply:
@@ -222,8 +222,11 @@ _EXPECTED = re.compile(r"^Expected (?P<what>.+?)(?:, got (?P<got>.+))?$")
 _PLAIN_WORDS = {"str of length >= 1": "a non-empty string", "array": "an array", "object": "an object"}
 
 
-def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -> C:
-    """Validate tool arguments into their command, or raise `InvalidArguments` naming the field."""
+def decode_command(command_type: type[C], arguments: object) -> C:
+    """Validate tool arguments (as the client sent them, an object or not) into their command,
+    or raise `InvalidArguments` naming the field."""
+    if not isinstance(arguments, Mapping | None):  # a JSON string, say: msgspec says what it expected
+        return _convert(arguments, command_type)
     args = dict(arguments or {})
     if (name := _field_with_lone_surrogate(args)) is not None:
         raise InvalidArguments(
@@ -236,6 +239,10 @@ def decode_command(command_type: type[C], arguments: Mapping[str, Any] | None) -
         args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
             "extra": {k: v for k, v in args.items() if k not in known or k == "extra"}
         }
+    return _convert(args, command_type)
+
+
+def _convert(args: object, command_type: type[C]) -> C:
     try:
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:

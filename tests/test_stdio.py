@@ -265,6 +265,10 @@ SURROGATE_SAVE = (
     b'{"jsonrpc":"2.0","id":5,"method":"tools/call",'
     b'"params":{"name":"save","arguments":{"title":"\\ud83d","text":"x"}}}'
 )
+# Arguments sent as a JSON string, as some clients encode them.
+STRING_ARGUMENTS = (
+    b'{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"save","arguments":"{\\"title\\":\\"t\\"}"}}'
+)
 UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
     (b"not json", {"id": None, "code": -32700}),
     (b"[1, 2]", {"id": None, "code": -32600}),
@@ -273,6 +277,12 @@ UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
     (b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"\\udfff"}}', {"id": 4, "code": -32600}),
     (SURROGATE_SAVE, {"id": 5, "tool_error": "Invalid arguments for save: title: expected valid Unicode text"}),
     (b"   ", None),  # a blank line holds no request: nothing to answer
+    # Read by the SDK, but arguments it would refuse with a bare -32602: the bus says why.
+    (STRING_ARGUMENTS, {"id": 6, "tool_error": "Invalid arguments for save: arguments: expected an object, got str"}),
+    (
+        b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"save","arguments":[1]}}',
+        {"id": 7, "tool_error": "Invalid arguments for save: arguments: expected an object, got array"},
+    ),
 ]
 
 
@@ -305,7 +315,9 @@ def test_every_unreadable_line_is_answered_and_serving_goes_on(tmp_path: Path, s
         server.stdin.close()
         assert server.wait(timeout=30) == 0
     with contextlib.closing(sqlite3.connect(journal)) as db:
-        assert db.execute("SELECT tool, status FROM commands").fetchall() == [("save", "rejected")]
+        rows = db.execute("SELECT tool, status, arguments FROM commands ORDER BY id").fetchall()
+    assert [row[:2] for row in rows] == 3 * [("save", "rejected")]
+    assert [json.loads(row[2]) for row in rows[1:]] == ['{"title":"t"}', [1]]  # as the client sent them
 
 
 INITIALIZE = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
