@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import mcp.types as types
@@ -128,8 +128,10 @@ class _AnsweredStream:
         await self.aclose()
 
 
-# The one key of the object that carries a tool call's arguments that are not an object.
-_NOT_AN_OBJECT = "toolbus: arguments not an object"
+class _NotAnObject(NamedTuple):
+    """Arguments that are not an object, as sent: no JSON a client sends decodes to one."""
+
+    value: Any
 
 
 def wrap_arguments(item: SessionMessage) -> SessionMessage:
@@ -141,14 +143,14 @@ def wrap_arguments(item: SessionMessage) -> SessionMessage:
     params = message.params
     if not isinstance(params, dict) or params.get("arguments") is None or isinstance(params["arguments"], dict):
         return item
-    wrapped = {**params, "arguments": {_NOT_AN_OBJECT: params["arguments"]}}
+    wrapped = {**params, "arguments": {"": _NotAnObject(params["arguments"])}}
     return SessionMessage(message.model_copy(update={"params": wrapped}), item.metadata)
 
 
 def arguments_as_sent(arguments: dict[str, Any] | None) -> Any:
     """A tool call's arguments as the client sent them, unwrapped if `wrap_arguments` wrapped them."""
-    if arguments is not None and len(arguments) == 1 and _NOT_AN_OBJECT in arguments:
-        return arguments[_NOT_AN_OBJECT]
+    if arguments is not None and len(arguments) == 1 and isinstance(wrapped := arguments.get(""), _NotAnObject):
+        return wrapped.value
     return arguments
 
 

@@ -225,8 +225,9 @@ _PLAIN_WORDS = {"str of length >= 1": "a non-empty string", "array": "an array",
 def decode_command(command_type: type[C], arguments: object) -> C:
     """Validate tool arguments (as the client sent them, an object or not) into their command,
     or raise `InvalidArguments` naming the field."""
-    if not isinstance(arguments, Mapping | None):  # a JSON string, say: msgspec says what it expected
-        return _convert(arguments, command_type)
+    if not isinstance(arguments, Mapping | None):  # as some clients send them: a JSON string
+        got = _JSON_TYPES.get(type(arguments), type(arguments).__name__)
+        raise InvalidArguments(command_type.tool, f"arguments: expected an object, got {got}")
     args = dict(arguments or {})
     if (name := _field_with_lone_surrogate(args)) is not None:
         raise InvalidArguments(
@@ -239,10 +240,6 @@ def decode_command(command_type: type[C], arguments: object) -> C:
         args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
             "extra": {k: v for k, v in args.items() if k not in known or k == "extra"}
         }
-    return _convert(args, command_type)
-
-
-def _convert(args: object, command_type: type[C]) -> C:
     try:
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
@@ -251,6 +248,7 @@ def _convert(args: object, command_type: type[C]) -> C:
         raise InvalidArguments(command_type.tool, "text must be valid Unicode (it holds a lone surrogate)") from None
 
 
+_JSON_TYPES: dict[type, str] = {str: "str", list: "array", bool: "bool", int: "int", float: "float"}
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str, a pair is one code point
 
 

@@ -9,7 +9,6 @@ the command kept. Every backend shares this; each stores `pending` in its `comma
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -19,7 +18,7 @@ from typing import NamedTuple
 import msgspec
 
 from toolbus.bus import Event, FileWriteInDoubt, TabCloseInDoubt
-from toolbus.bus.events import decode_event, encode_event_data
+from toolbus.bus.events import EVENT_TYPES, decode_event, encode_event_data
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ def dead_commands(rows: Iterable[tuple[int, int | None, str]]) -> list[Abandoned
         try:
             pending = msgspec.json.decode(text, type=_Pending)
             events = [_settled_event(*entry) for entry in pending.events]
-        except (msgspec.DecodeError, ValueError) as error:
+        except Exception as error:  # whatever one row holds, it never stops the others
             log.warning("command %d: its pending events are left alone: %s", command_id, error)
             continue
         if pid is not None and process_gone(pid, pending.process):
@@ -85,6 +84,8 @@ def dead_commands(rows: Iterable[tuple[int, int | None, str]]) -> list[Abandoned
 def _settled_event(type_name: str, version: int, data: msgspec.Raw) -> Event:
     if type_name not in SETTLED_TYPES:
         raise ValueError(f"{type_name} is not an event a settle appends")
+    if version > EVENT_TYPES[type_name].version:
+        raise ValueError(f"{type_name} version {version} is newer than this toolbus knows")
     return decode_event(type_name, version, bytes(data))
 
 
@@ -96,32 +97,31 @@ def why_abandoned(pid: int) -> str:
 def process_gone(pid: int, mark: ProcessMark | None) -> bool:
     """Whether the process `pid`, which wrote `mark`, has ended: the machine booted since, or no
     process of its start holds `pid` (a zombie runs no more code). One of another pid namespace
-    (a container sharing the host's name) cannot be judged from here: it counts as alive.
-    Without /proc, only a pid no process holds is gone."""
+    (a container sharing the host's name) cannot be judged from here: it counts as alive, as
+    does any where /proc tells only one side. Without /proc, only a pid no process holds is gone."""
     here = this_process()
-    if mark is None or here is None:
-        return _no_such_process(pid)
+    if mark is None or here is None:  # judged by the pid alone only where neither side has /proc
+        return mark is None and here is None and _no_such_process(pid)
     if mark.boot != here.boot:
         return True
     if mark.pid_namespace != here.pid_namespace:
         return False
     try:
         state, started = _state_and_start(pid)
-    except FileNotFoundError:
-        return True
-    except OSError:
+    except OSError:  # no such process, or one /proc hides (hidepid): the pid says which
         return _no_such_process(pid)
     return state in ("Z", "X") or started != mark.started
 
 
 def this_process() -> ProcessMark | None:
     """This process's mark; None where /proc does not tell it."""
-    return _this_process(os.getpid())  # by pid: a forked child is another process
+    pid = os.getpid()  # by pid: a forked child is another process
+    if (mark := _marks.get(pid)) is None and (mark := process_mark(pid)) is not None:
+        _marks[pid] = mark  # a failure is not kept: /proc may answer next time
+    return mark
 
 
-@functools.cache
-def _this_process(pid: int) -> ProcessMark | None:
-    return process_mark(pid)
+_marks: dict[int, ProcessMark] = {}
 
 
 def process_mark(pid: int) -> ProcessMark | None:

@@ -5,6 +5,7 @@ without a gap."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -18,7 +19,9 @@ import pytest
 from tests.conftest import NeovimProcess
 from tests.faults_helpers import assert_reachable, assert_sound, journal_state, saved_titles, wait_until
 from tests.rpc_client import NoAnswer, ServerGone, StdioServer, result_json, toolbus_argv
-from toolbus.journal.abandoned import process_gone, process_mark, this_process
+from toolbus.bus import FileWriteInDoubt
+from toolbus.bus.events import encode_event_data
+from toolbus.journal.abandoned import dead_commands, process_gone, process_mark, this_process
 
 
 def save(server: StdioServer, title: str) -> int:
@@ -134,7 +137,7 @@ def test_a_process_counts_as_gone_once_ended_a_zombie_or_its_pid_taken_by_a_late
         assert here is not None and mark is not None
         assert not process_gone(os.getpid(), here)
         assert not process_gone(child.pid, mark)  # alive, and the one that wrote the mark
-        assert not process_gone(child.pid, None)  # a mark written without /proc: the pid alone
+        assert not process_gone(child.pid, None)  # /proc told the writer nothing: not judged here
         assert process_gone(child.pid, mark._replace(started=mark.started - 1))  # the pid was reused
         assert process_gone(child.pid, mark._replace(boot="another boot"))  # the machine restarted
         assert not process_gone(2**22 + 1, mark._replace(pid_namespace=1))  # another namespace: unknowable
@@ -142,4 +145,22 @@ def test_a_process_counts_as_gone_once_ended_a_zombie_or_its_pid_taken_by_a_late
         wait_until(lambda: process_gone(child.pid, mark), timeout=20)  # a zombie: not reaped yet
     finally:
         child.wait(timeout=20)
-    assert process_gone(child.pid, mark) and process_gone(child.pid, None)
+    assert process_gone(child.pid, mark) and not process_gone(child.pid, None)
+
+
+def test_a_pending_row_that_cannot_be_settled_is_skipped_and_stops_no_other() -> None:
+    """Whatever a row holds (by hand, or from a newer toolbus), the others are settled."""
+    doubt = FileWriteInDoubt(path="/src/a.py", replaced_blob=None)
+
+    def pending(*events: object) -> str:
+        return json.dumps({"process": ["a boot before this one", 1, 1], "events": list(events)})
+
+    data = json.loads(encode_event_data(doubt))
+    rows = [
+        (1, 100, "not json"),
+        (2, 100, pending(["FileWriteInDoubt", 1, [1]])),  # data that is not an object
+        (3, 100, pending(["FileWriteInDoubt", 99, data])),  # a version this toolbus does not know
+        (4, 100, pending(["ObservationSaved", 1, data])),  # not an action's doubt
+        (5, 100, pending(["FileWriteInDoubt", 1, data])),
+    ]
+    assert dead_commands(rows) == [(5, 100, [doubt])]

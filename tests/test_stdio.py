@@ -283,6 +283,14 @@ UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
         b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"save","arguments":[1]}}',
         {"id": 7, "tool_error": "Invalid arguments for save: arguments: expected an object, got array"},
     ),
+    (  # ...which no client can pass off as an object of its own
+        b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"save","arguments":{"":"x"}}}',
+        {"id": 8, "tool_error": "Invalid arguments for save: title: required field is missing"},
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"save","arguments":"\\ud83d"}}',
+        {"id": 10, "tool_error": "Invalid arguments for save: arguments: expected an object, got str"},
+    ),
 ]
 
 
@@ -316,8 +324,9 @@ def test_every_unreadable_line_is_answered_and_serving_goes_on(tmp_path: Path, s
         assert server.wait(timeout=30) == 0
     with contextlib.closing(sqlite3.connect(journal)) as db:
         rows = db.execute("SELECT tool, status, arguments FROM commands ORDER BY id").fetchall()
-    assert [row[:2] for row in rows] == 3 * [("save", "rejected")]
-    assert [json.loads(row[2]) for row in rows[1:]] == ['{"title":"t"}', [1]]  # as the client sent them
+    assert [row[:2] for row in rows] == 5 * [("save", "rejected")]
+    # as the client sent them (a lone surrogate, which UTF-8 cannot hold, as U+FFFD)
+    assert [json.loads(row[2]) for row in rows[1:]] == ['{"title":"t"}', [1], {"": "x"}, "\ufffd"]
 
 
 INITIALIZE = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
