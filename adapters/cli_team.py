@@ -13,7 +13,7 @@ from typing import Any
 
 from toolbus.adapters.config import Settings
 from toolbus.bus import typed_path
-from toolbus.journal.location import is_postgres_url, shown
+from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url, shown
 
 
 def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
@@ -40,8 +40,8 @@ def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _team_url(text: str) -> str:
     if not is_postgres_url(text):
-        raise ValueError(f"URL: expected a postgresql:// URL, got {text!r}")
-    return text
+        raise ValueError(f"URL: expected a postgresql:// URL, got {not_a_file(text) or repr(text)}")
+    return postgres_url(text)
 
 
 def run_init(args: argparse.Namespace, settings: Settings) -> int:
@@ -73,6 +73,8 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
     from toolbus.journal.sqlite import SqliteReader
     from toolbus.journal.sqlite.readonly import require_journal
 
+    if why := not_a_file(args.source):
+        raise ValueError(f"SQLITE_FILE: expected the local journal's file, got {why} (the team's URL comes second)")
     source_path = Path(typed_path(args.source))
     require_journal(source_path)
     url = _team_url(args.url)

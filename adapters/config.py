@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast, get_args
 
 from toolbus.bus import Caller
-from toolbus.journal.location import is_postgres_url
+from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url
 from toolbus.journal.sqlite import Synchronous as SyncMode
 from toolbus.journal.sqlite import default_journal_path
 
@@ -84,10 +84,15 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
 
 
 def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
-    """A team journal's URL as it is; a file path expanded; nothing given: the default file."""
+    """A team journal's URL; a file path expanded; nothing given: the default file. Text that is
+    neither (a mistyped URL) is refused: it would make a local journal in a strange place."""
     if not given:
         return default_journal_path(env)
-    return given if is_postgres_url(given) else Path(given).expanduser()
+    if is_postgres_url(given):
+        return postgres_url(given)
+    if why := not_a_file(given):
+        raise ValueError(f"--journal: neither a journal file nor a team journal's postgresql:// URL: {why}")
+    return Path(given).expanduser()
 
 
 def _first(*values: float | str | None) -> float | str:

@@ -3,12 +3,34 @@ to people, without importing either backend)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+# libpq's key=value form of a connection, which toolbus does not take (and which may hold a password).
+_CONNINFO = re.compile(r"(?:^|\s)(?:host|hostaddr|port|dbname|user|password|service|sslmode)\s*=")
+
 
 def is_postgres_url(location: str) -> bool:
-    return location.startswith(("postgresql://", "postgres://"))
+    return (scheme := _SCHEME.match(location)) is not None and scheme[1].lower() in _POSTGRES_SCHEMES
+
+
+def postgres_url(location: str) -> str:
+    """A team journal's URL with its scheme in lower case, the only case libpq reads."""
+    scheme = location.split("://", 1)[0]
+    return scheme.lower() + location[len(scheme) :]
+
+
+def not_a_file(location: str) -> str | None:
+    """What `location`, not a team journal's URL, is instead of a journal file's path (without its
+    password): some other URL, or libpq's key=value form; None if it may be a path."""
+    if _SCHEME.match(location):
+        return f"the URL {shown(location)}"
+    if _CONNINFO.search(location):
+        return "a key=value connection string"
+    return None
 
 
 def shown(location: Path | str) -> str:

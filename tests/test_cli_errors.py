@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.journal_helpers import Run, cli
+from toolbus.adapters.config import journal_location
 from toolbus.journal import SqliteJournal
 
 # Every journal command, as `(journal path) -> arguments`.
@@ -106,6 +107,35 @@ def test_serve_says_a_directory_is_not_a_journal(tmp_path: Path) -> None:
     run = cli("serve", "--journal", tmp_path)
     assert_one_line_usage_error(run, "serve", f"not a toolbus journal: {tmp_path} is a directory")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("location", "fragment"),
+    [
+        ("postgresl://alice:s3cret@db.example/team", "the URL postgresl://alice@db.example/team"),
+        ("POSTGRE://alice:s3cret@db.example/team", "the URL postgre://alice@db.example/team"),
+        ("host=db.example password=s3cret dbname=team", "a key=value connection string"),
+    ],
+)
+@pytest.mark.parametrize("command", ["serve", "doctor", "audit"])
+def test_a_mistyped_team_url_is_refused_not_made_a_file_and_its_password_never_shown(
+    tmp_path: Path, command: str, location: str, fragment: str
+) -> None:
+    run = cli(command, "--journal", location, cwd=tmp_path)
+    assert_one_line_usage_error(run, command, "neither a journal file nor a team journal's postgresql:// URL", fragment)
+    assert "s3cret" not in run.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_journal_copy_given_the_team_url_first_says_so_without_its_password(tmp_path: Path) -> None:
+    run = cli("journal", "copy", "postgresql://alice:s3cret@db.example/team", tmp_path / "journal.db")
+    assert_one_line_usage_error(run, "journal", "got the URL postgresql://alice@db.example/team", "comes second")
+    assert "s3cret" not in run.err
+
+
+def test_a_team_url_is_read_whatever_the_case_of_its_scheme() -> None:
+    assert journal_location("POSTGRESQL://alice@db.example/team", {}) == "postgresql://alice@db.example/team"
+    assert journal_location("Postgres://alice@db.example/team", {}) == "postgres://alice@db.example/team"
 
 
 @pytest.mark.parametrize("command", ["audit", "history", "recover", "recover --apply", "replay memory"])
