@@ -194,8 +194,8 @@ class Bus:
         events = context.if_in_doubt if status == "in_doubt" else ()
         try:
             await self._journal.finish(record, context.command_id, status, error=message, events=events)
-        except ToolbusError:
-            log.exception("could not journal the failure of %s", record.tool)
+        except ToolbusError as error:  # said to the caller already; a traceback adds nothing
+            log.error("could not journal the failure of %s: %s", record.tool, error)
 
 
 def _effect_unrecorded(command: Command, context: HandlerContext[Any]) -> bool:

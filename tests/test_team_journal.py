@@ -324,5 +324,12 @@ async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Tea
             with anyio.fail_after(30):
                 result = await alice.call_tool("search", {"query": "before"})
             assert result.is_error and "did not answer within 2 s" in text_of(result)
+            # The next call does not queue behind the one still waiting: it is told so at once.
+            with anyio.fail_after(30):
+                during = await alice.call_tool("save", {"title": "during", "text": "x"})
+            assert during.is_error and "has not yet answered a call" in text_of(during)
         finally:
             os.kill(backend, signal.SIGCONT)
+        with anyio.fail_after(30):  # once it answers, calls go through again
+            while (await alice.call_tool("search", {"query": "before"})).is_error:
+                await anyio.sleep(0.05)

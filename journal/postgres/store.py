@@ -122,6 +122,9 @@ class PostgresJournal:
         self.location = shown(url)
         self._lock = threading.Lock()
         self._worker: Worker | None = None
+        # Set once the work that last outlasted `answer_timeout` has ended: work sent before then
+        # would only queue behind it.
+        self._unanswered: threading.Event | None = None
         self._conn: Connection | None = None
         self.agent, self.department = check_journal(self._connection(), self.location)
         self._keeps_pending = keeps_pending(self._connection())
@@ -162,13 +165,28 @@ class PostgresJournal:
         longer than `answer_timeout`, when the server has stopped answering."""
         import anyio
 
+        if self._unanswered is not None and not self._unanswered.is_set():
+            # Queued behind it, this would wait out a timeout of its own, and the next one too.
+            raise JournalUnavailable(
+                f"the team journal at {self.location} has not yet answered a call that waited "
+                f"{self.answer_timeout:g} s for it; nothing of this call was sent: try again later"
+            )
         if self._worker is None:
             self._worker = Worker()
-        future = self._worker.submit(self.run_sync, work)
+        answered = threading.Event()
+
+        def run_and_note(work: Callable[[Connection], T]) -> T:
+            try:
+                return self.run_sync(work)
+            finally:
+                answered.set()
+
+        future = self._worker.submit(run_and_note, work)
         try:
             with anyio.fail_after(self.answer_timeout, shield=True):
                 return await future
         except TimeoutError:
+            self._unanswered = answered
             raise JournalUnavailable(
                 f"the team journal at {self.location} did not answer within {self.answer_timeout:g} s; "
                 "what this call sent may yet be recorded (toolbus audit shows it)"
