@@ -4,7 +4,7 @@ editor and the handlers into a bus, for `serve` and for every command."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from toolbus.adapters.config import Identity, Settings, local_identity
 from toolbus.adapters.files import LocalFiles
@@ -59,7 +59,15 @@ def open_reader(settings: Settings) -> JournalReader:
     return SqliteReader(settings.journal, settings.journal_busy_timeout)
 
 
-def identity(settings: Settings, journal: SqliteJournal | PostgresJournal) -> Identity:
+class TeamLogin(Protocol):
+    """What a team journal's writer or reader knows of its login."""
+
+    location: str
+    agent: str
+    department: str | None
+
+
+def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity:
     """Who the journal records as the caller. A local journal believes `--agent` and
     `--department`; a team journal knows its login: the role is the agent, the admin's table
     gives the department, and a different `--agent` or `--department` is refused."""

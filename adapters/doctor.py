@@ -7,7 +7,7 @@ import platform
 import sqlite3
 from importlib import metadata
 
-from toolbus.adapters.bootstrap import open_reader
+from toolbus.adapters.bootstrap import identity, open_reader
 from toolbus.adapters.config import Settings, local_identity
 from toolbus.adapters.nvim import blocking_request, find_nvim
 from toolbus.bus import JournalUnavailable
@@ -98,13 +98,12 @@ def _check_team_journal(settings: Settings, lines: list[str]) -> bool:
     finally:
         reader.close()
     lines.append(f"✓ journal: {reader.location} (a team journal; {commands} commands, {events} events visible)")
-    if reader.department is None:
-        lines.append(
-            f"✗ identity: the role {reader.agent!r} is not a registered agent: the team's admin runs "
-            f"`toolbus journal agent URL {reader.agent} --department NAME`"
-        )
+    try:
+        caller = identity(settings, reader)  # as `serve` judges it
+    except ValueError as error:
+        lines.append(f"✗ identity: {error}")
         return False
-    lines.append(f"identity: agent {reader.agent!r}, department {reader.department!r} (from the login)")
+    lines.append(f"identity: agent {caller.agent!r}, department {caller.department!r} (from the login)")
     return True
 
 

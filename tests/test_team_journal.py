@@ -88,6 +88,11 @@ def test_an_agent_flag_that_differs_from_the_login_is_refused(team: Team) -> Non
     assert "--agent 'mallory' does not match" in done.stderr and team.roles["alice"] in done.stderr
     assert "s3cret" not in done.stderr
     assert admin_rows(team, "SELECT count(*) FROM commands") == [(0,)]
+    # doctor judges it as serve does
+    checked = cli("doctor", "--journal", team.url("alice"), "--agent", "mallory")
+    assert checked.returncode == 1 and "✗ identity: --agent 'mallory' does not match" in checked.stdout
+    checked = cli("doctor", "--journal", team.url("alice"), "--department", "platform")
+    assert f"identity: agent {team.roles['alice']!r}, department 'platform' (from the login)" in checked.stdout
 
 
 def test_a_role_that_is_not_a_registered_agent_is_refused(team: Team) -> None:
