@@ -1,6 +1,6 @@
 """`toolbus journal`: what a team's admin does to a team journal on PostgreSQL.
 
-    toolbus journal init URL                         the schema, its policies and grants (again: no change)
+    toolbus journal init URL                         the schema, its policies and grants (again: brought up to date)
     toolbus journal agent URL ROLE --department D    make a login role an agent of a department
     toolbus journal copy SQLITE_FILE URL             bring a local journal's memory and history (once)
 """
@@ -8,12 +8,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings
 from toolbus.bus import typed_path
 from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url, shown
+
+if TYPE_CHECKING:  # psycopg loads only for the commands that use it
+    import psycopg
 
 
 def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
@@ -44,21 +49,41 @@ def _team_url(text: str) -> str:
     return postgres_url(text)
 
 
+@contextlib.contextmanager
+def _as_admin(url: str) -> Iterator[psycopg.Connection[Any]]:
+    """The admin's connection; PostgreSQL's refusal said in one line, with what to do."""
+    import psycopg
+
+    from toolbus.journal.postgres import connect
+
+    with connect(url) as conn:
+        try:
+            yield conn
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise ValueError(
+                f"{error.diag.message_primary}: run this as the team's admin (the role that ran "
+                "`toolbus journal init`, allowed to create roles)"
+            ) from None
+        except psycopg.Error as error:
+            reason = error.diag.message_primary or error
+            raise ValueError(f"the team journal at {shown(url)} refused: {reason}") from None
+
+
 def run_init(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.postgres import connect, init_schema
+    from toolbus.journal.postgres import init_schema
 
     url = _team_url(args.url)
-    with connect(url) as conn:
+    with _as_admin(url) as conn:
         init_schema(conn)
     print(f"the team journal at {shown(url)} is ready; register agents with `toolbus journal agent`")
     return 0
 
 
 def run_agent(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.postgres import connect, register_agent
+    from toolbus.journal.postgres import register_agent
 
     url = _team_url(args.url)
-    with connect(url) as conn:
+    with _as_admin(url) as conn:
         try:
             register_agent(conn, args.role, args.department)
         except LookupError as error:

@@ -125,6 +125,19 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert "idle_in_transaction_session_timeout=30s" in settings  # an idle transaction cannot hold the team up
         missing = cli("journal", "agent", team.admin_url, "nobody_at_all", "--department", "sales")
         assert missing.returncode == 2 and "there is no role 'nobody_at_all'" in missing.stderr
+        blank = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--department", " ")
+        assert blank.returncode == 2 and "--department: expected a department's name" in blank.stderr
+        # The admin owns the tables, which row-level security does not bind: never an agent.
+        admin = psycopg.connect(team.admin_url).info.user
+        owner = cli("journal", "agent", team.admin_url, admin, "--department", "sales")
+        assert owner.returncode == 2 and "give each agent a login role of its own" in owner.stderr, owner.stderr
+        # An agent may not register anyone: one line that says who may, no traceback.
+        by_agent = cli("journal", "agent", team.url("alice"), f"erin_{team.database}", "--department", "platform")
+        assert by_agent.returncode == 2 and "run this as the team's admin" in by_agent.stderr, by_agent.stderr
+        assert "Traceback" not in by_agent.stderr and "s3cret" not in by_agent.stderr
+        assert admin_rows(team, "SELECT department FROM agents WHERE role = %s", f"erin_{team.database}") == [
+            ("sales",)
+        ]
     finally:
         with psycopg.connect(team.admin_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY " + f'"erin_{team.database}"')

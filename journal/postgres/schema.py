@@ -229,11 +229,23 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
     """Make the login role `role` an agent of `department` (or move it to another department).
     Its sessions may not sit idle inside a transaction for long: one that did would hold the
     team's append lock (toolbus's own writes give up after `lock_timeout` meanwhile)."""
+    if not department.strip():
+        raise ValueError("--department: expected a department's name, got an empty one")
     with conn.transaction():
-        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+        found = conn.execute(
+            "SELECT r.rolsuper OR r.rolbypassrls OR r.oid = c.relowner FROM pg_roles AS r, pg_class AS c"
+            " WHERE r.rolname = %s AND c.oid = %s::regclass",
+            (role, f"{SCHEMA}.commands"),
+        ).fetchone()
+        if found is None:
             raise LookupError(
                 f"there is no role {role!r} on this server: create it first "
                 f"(CREATE ROLE \"{role}\" LOGIN PASSWORD '...')"
+            )
+        if found[0]:
+            raise ValueError(
+                f"{role!r} owns the team journal or bypasses row-level security: as an agent it would "
+                "write in any agent's name and read every note; give each agent a login role of its own"
             )
         conn.execute(
             f"INSERT INTO {SCHEMA}.agents (role, department) VALUES (%s, %s)"
