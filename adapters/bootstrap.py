@@ -87,7 +87,7 @@ def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity
                 f"{option} {given!r} does not match the team journal's login ({known!r}): on a team "
                 f"journal the agent is the role you connect as, and its department is the admin's to set"
             )
-    return Identity(journal.agent, journal.department)
+    return Identity(journal.agent, journal.department, from_login=True)
 
 
 def build_bus(

@@ -98,7 +98,9 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise
     bus = build_bus(settings, journal)
     arrivals = ArrivalOrder(editor_tools(bus))
-    server = build_server(bus, caller.agent, caller.department, version(), arrivals, host=this_host())
+    server = build_server(
+        bus, caller.agent, caller.department, version(), arrivals, host=this_host(), from_login=caller.from_login
+    )
     logging.getLogger("toolbus").info("serving; journal %s", shown(settings.journal))
     try:
         anyio.run(_serve, server, arrivals, bus.services.editor, journal)

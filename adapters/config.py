@@ -130,6 +130,7 @@ class Identity:
 
     agent: str
     department: str
+    from_login: bool = False  # a team journal's login, which no call may change
 
 
 def local_identity(settings: Settings) -> Identity:

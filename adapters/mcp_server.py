@@ -76,9 +76,12 @@ def build_server(
     version: str,
     arrivals: ArrivalOrder | None = None,
     host: str | None = None,
+    *,
+    from_login: bool = False,
 ) -> Server[Any]:
     """The MCP server; with `arrivals` (which the stdio edge fills), editor calls take effect
-    in the order they arrived. Every call is journaled as made on `host` (the machine)."""
+    in the order they arrived. Every call is journaled as made on `host` (the machine).
+    `from_login`: the identity is a team journal's login (see `Caller.from_login`)."""
     arrivals = arrivals or ArrivalOrder(())
     interval = progress_interval()
     tools = [tool_of(cmd) for cmd in bus.commands.values()]
@@ -93,7 +96,7 @@ def build_server(
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        caller = _caller(ctx, agent, department, session_id, host)
+        caller = _caller(ctx, agent, department, session_id, host, from_login)
         # Progress reports start only for a call that goes on to wait for a person: a task group
         # per call would cost every call, on the hot path, for the one tool that waits.
         reporters: list[asyncio.Task[None]] = []
@@ -144,7 +147,7 @@ async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, int
 
 
 def _caller(
-    ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str, host: str | None
+    ctx: ServerRequestContext[Any], agent: str, department: str, session_id: str, host: str | None, from_login: bool
 ) -> Caller:
     client = getattr(ctx.session.client_params, "client_info", None)
     return Caller(
@@ -154,6 +157,7 @@ def _caller(
         client_version=getattr(client, "version", None),
         session_id=session_id,
         host=host,
+        from_login=from_login,
     )
 
 

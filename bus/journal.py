@@ -42,6 +42,8 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str | None = None
     # The machine the call ran on (its hostname): one file path on two machines is two files.
     host: str | None = None
+    # The identity is a team journal's login: a call may not name another agent or department.
+    from_login: bool = False
 
 
 class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from toolbus.bus import (
+    Caller,
     GetObservations,
     HandlerContext,
     InvalidArguments,
@@ -49,6 +50,7 @@ async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
         value = getattr(command, field)
         if value is not None and not value.strip():
             raise InvalidArguments(command.tool, f"{field}: expected a non-empty string, got only whitespace")
+    _check_in_own_name(command, context.caller)
     now_ms = time.time_ns() // 1_000_000
     session_id = command.memory_session_id or f"mcp-{now_ms}-{secrets.token_hex(4)}"
     event = ObservationSaved(
@@ -67,6 +69,18 @@ async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
     )
     [position] = await context.commit(event)
     return Saved(success=True, id=position, memory_session_id=session_id, created_at_epoch=now_ms)
+
+
+def _check_in_own_name(command: SaveObservation, caller: Caller) -> None:
+    """On a team journal a note is its login's: the database would refuse any other name."""
+    if not caller.from_login:
+        return
+    chosen = (("agent", command.agent, caller.agent), ("department", command.department, caller.department))
+    for field, given, own in chosen:
+        if given is not None and given != own:
+            raise InvalidArguments(
+                command.tool, f"{field}: on a team journal notes are saved as the login's, {own!r}; got {given!r}"
+            )
 
 
 async def search(command: SearchObservations, context: HandlerContext[Any]) -> SearchPage:

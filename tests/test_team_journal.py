@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import HERE, begin_and_die, observation, record, saved
-from tests.postgres_server import Team
+from tests.postgres_server import Team, with_database
 from toolbus.bus import Caller, FileWriteInDoubt
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.sqlite import SqliteJournal
@@ -80,6 +80,20 @@ async def test_agents_on_a_team_journal_share_memory_as_visibility_allows(
     positions = [row[0] for row in admin_rows(team, "SELECT position FROM events ORDER BY position")]
     assert positions == list(range(1, len(positions) + 1))
     assert admin_rows(team, "SELECT type FROM events WHERE position = 3") == [("DocumentSaved",)]
+
+
+async def test_a_note_in_another_agents_name_is_an_invalid_argument_not_a_database_error(team: Team) -> None:
+    alice = team.roles["alice"]
+    async with toolbus(team.url("alice"), None) as client:
+        for field, value in (("agent", team.roles["bob"]), ("department", "sales")):
+            result = await client.call_tool("save", {"title": "t", "text": "x", field: value})
+            assert result.is_error and text_of(result) == (
+                f"Invalid arguments for save: {field}: on a team journal notes are saved as the login's, "
+                f"{alice if field == 'agent' else 'platform'!r}; got {value!r}"
+            )
+        mine = await client.call_tool("save", {"title": "t", "text": "x", "agent": alice, "department": "platform"})
+        assert not mine.is_error
+    assert admin_rows(team, "SELECT status FROM commands ORDER BY id") == [("rejected",), ("rejected",), ("ok",)]
 
 
 def test_an_agent_flag_that_differs_from_the_login_is_refused(team: Team) -> None:
@@ -189,10 +203,12 @@ async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: P
 
     # A server of its own, which this test stops and starts.
     server = pgserver.get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="stop")
-    url = str(server.get_uri())
-    with connect(url) as conn:
+    admin_url = str(server.get_uri())
+    with connect(admin_url) as conn:
         init_schema(conn)
-        register_agent(conn, "postgres", "ops")
+        conn.execute("CREATE ROLE agent LOGIN")
+        register_agent(conn, "agent", "ops")
+    url = with_database(admin_url, "postgres", user="agent")
     try:
         async with toolbus(url, None) as client:
             assert not (await client.call_tool("save", {"title": "before", "text": "x"})).is_error
