@@ -113,4 +113,9 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
         f"copied {copied.commands} commands ({copied.events} events, {copied.observations} observations) "
         f"from {source_path} to {shown(url)}; {copied.already} were there already"
     )
+    if copied.made_private:
+        print(
+            f"{copied.made_private} observation(s) for another department alone were copied as private: "
+            "in your name, your department would have seen them"
+        )
     return 0

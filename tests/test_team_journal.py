@@ -170,16 +170,24 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
         )
         await writer.finish(record("saveDocument", caller=me), None, "ok", events=[save], blobs=blobs)
         await writer.finish(record("search", caller=me), None, "ok")  # left no events: not copied
+        ops = Caller(agent="zed", department="ops", host="laptop")  # a note for another department alone
+        note = observation("ops only", "for ops", visibility="department", caller=ops)
+        await writer.finish(record("save", caller=ops), None, "ok", events=[note])
 
     anyio.run(work)
     writer.close()
     first = cli("journal", "copy", str(local), team.url("alice"))
     assert first.returncode == 0, first.stderr
-    assert "copied 2 commands (2 events, 1 observations)" in first.stdout
+    assert "copied 3 commands (3 events, 2 observations)" in first.stdout
+    assert "1 observation(s) for another department alone were copied as private" in first.stdout
     again = cli("journal", "copy", str(local), team.url("alice"))
-    assert "copied 0 commands" in again.stdout and "2 were there already" in again.stdout
+    assert "copied 0 commands" in again.stdout and "3 were there already" in again.stdout
+    assert "private" not in again.stdout
     alice = team.roles["alice"]
-    assert admin_rows(team, "SELECT agent, title FROM observations") == [(alice, "local note")]
+    assert admin_rows(team, "SELECT agent, title, visibility FROM observations ORDER BY id") == [
+        (alice, "local note", "project"),
+        (alice, "ops only", "private"),  # alice's department, platform, never was to see it
+    ]
     assert admin_rows(team, "SELECT DISTINCT agent, host FROM commands") == [(alice, "laptop")]
     here = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json")
     assert here.returncode == 0 and here.stdout == ""  # the laptop's history, not this machine's
@@ -187,14 +195,17 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     assert history.returncode == 0, history.stderr
     assert '"DocumentSaved"' in history.stdout
     recovered = cli(
-        "recover", str(admin_rows(team, "SELECT max(position) FROM events")[0][0]), "--journal", team.url("alice")
+        "recover",
+        str(admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")[0][0]),
+        "--journal",
+        team.url("alice"),
     )
     assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
     # Bob copies the same journal: alice's copy brought it; he sees none of it, and adds nothing.
     by_bob = cli("journal", "copy", str(local), team.url("bob"))
     assert by_bob.returncode == 0 and "copied 0 commands" in by_bob.stdout, by_bob.stderr
-    assert "2 were there already" in by_bob.stdout
-    assert admin_rows(team, "SELECT count(*) FROM commands") == [(2,)]
+    assert "3 were there already" in by_bob.stdout
+    assert admin_rows(team, "SELECT count(*) FROM commands") == [(3,)]
 
 
 @pytest.mark.heavy

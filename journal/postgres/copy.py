@@ -9,9 +9,10 @@ finds every row already there and adds nothing. A registered agent copies in its
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import msgspec
 
@@ -41,6 +42,7 @@ class Copied:
     events: int
     observations: int
     already: int  # commands a previous copy brought
+    made_private: int  # department notes of another department, copied as the login's private ones
 
 
 def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
@@ -48,18 +50,20 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     entries = [entry for entry in source.audit(AuditQuery(limit=None)) if entry.events]
     entries.reverse()
     as_login = None if target.department is None else Caller(agent=target.agent, department=target.department)
-    commands = events = observations = already = 0
+    commands = events = observations = already = made_private = 0
     pending = iter(entries)
     while batch := list(islice(pending, _BATCH)):
         prepared = [_prepared(source, entry, as_login) for entry in batch]
-        for fresh, outcome in target.run_sync(lambda conn, prepared=prepared: _copy_batch(conn, prepared)):
+        results = target.run_sync(lambda conn, prepared=prepared: _copy_batch(conn, prepared))
+        for entry, (fresh, outcome) in zip(batch, results, strict=True):
             if not fresh:
                 already += 1
                 continue
             commands += 1
             events += len(outcome.events)
             observations += sum(isinstance(event, ObservationSaved) for event in outcome.events)
-    return Copied(commands, events, observations, already)
+            made_private += sum(_made_private(stored.data, as_login) for stored in entry.events)
+    return Copied(commands, events, observations, already, made_private)
 
 
 _Prepared = tuple[Outcome, uuid.UUID, list[str], int]
@@ -102,9 +106,21 @@ def _event(type_name: str, data: dict[str, object]) -> Event:
 
 
 def _in_name_of(event: Event, as_login: Caller | None) -> Event:
+    """An observation in the login's name: private if it was for another department alone."""
     if as_login is None or not isinstance(event, ObservationSaved):
         return event
-    return msgspec.structs.replace(event, agent=as_login.agent, department=as_login.department)
+    visibility = "private" if _made_private(msgspec.structs.asdict(event), as_login) else event.visibility
+    return msgspec.structs.replace(event, agent=as_login.agent, department=as_login.department, visibility=visibility)
+
+
+def _made_private(data: Mapping[str, Any], as_login: Caller | None) -> bool:
+    """Whether an observation's data is for a department alone, not the login's: copied in the
+    login's name, its department would see a note that was never for it, so it becomes private."""
+    return (
+        as_login is not None
+        and data.get("visibility") == "department"
+        and data.get("department") != as_login.department
+    )
 
 
 def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> Iterator[tuple[bool, Outcome]]:
