@@ -78,14 +78,14 @@ def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity
             f"the role {journal.agent!r} is not an agent of the team journal at {journal.location}: "
             f"its admin registers it with `toolbus journal agent URL {journal.agent} --department NAME`"
         )
-    for option, given, known in (
-        ("--agent", settings.agent, journal.agent),
-        ("--department", settings.department, journal.department),
+    for option, given, known, whose in (
+        ("--agent", settings.agent, journal.agent, "the role this login connects as"),
+        ("--department", settings.department, journal.department, "the department the admin registered for it"),
     ):
         if given is not None and given != known:
             raise ValueError(
-                f"{option} {given!r} does not match the team journal's login ({known!r}): on a team "
-                f"journal the agent is the role you connect as, and its department is the admin's to set"
+                f"{option} {given!r} does not match {whose} ({known!r}): on a team journal the agent is "
+                "the role you connect as, and its department is the admin's to set"
             )
     return Identity(journal.agent, journal.department, from_login=True)
 

@@ -70,7 +70,10 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
             tcp_user_timeout=int(2 * lock_timeout * 1000),
         )
     except psycopg.Error as error:
-        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {_reason(error)}") from None
+        reason = _reason(error)
+        if "password" in reason:  # "password authentication failed", "no password supplied"
+            reason += " (the password comes from the URL, $PGPASSWORD or ~/.pgpass)"
+        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {reason}") from None
 
 
 def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
