@@ -57,11 +57,15 @@ def shorten(text: str, limit: int, keep_end: bool = False) -> str:
 
 
 def print_audit_table(entries: Iterable[AuditEntry], hosts: bool = False) -> int:
-    """The commands as a table, with a HOST column when they are of several machines (`hosts`)."""
+    """The commands as a table, with a HOST column when they are of several machines (`hosts`),
+    and an AGENT column when of several agents (a team's admin sees every agent's)."""
+    entries = list(entries)
+    agents = len({entry.agent for entry in entries}) > 1
     rows = [
         [
             clock(entry.received_at),
             *([machine(entry.host)] if hosts else []),
+            *([entry.agent or "?"] if agents else []),
             entry.tool,
             shorten(entry.target or "", 60, keep_end=True),
             entry.status,
@@ -71,7 +75,12 @@ def print_audit_table(entries: Iterable[AuditEntry], hosts: bool = False) -> int
         for entry in entries
     ]
     if rows:
-        headers = ["TIME (UTC)", *(["HOST"] if hosts else []), "TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"]
+        headers = [
+            "TIME (UTC)",
+            *(["HOST"] if hosts else []),
+            *(["AGENT"] if agents else []),
+            *("TOOL", "TARGET", "STATUS", "DURATION", "WHAT HAPPENED"),
+        ]
         print(table(headers, rows, frozenset({headers.index("DURATION")})))
     return len(rows)
 

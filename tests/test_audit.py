@@ -178,8 +178,12 @@ def test_table_for_people(session: EditorSession) -> None:
     run = cli("audit", "--journal", session.journal)
     assert run.code == 0, run.err
     header, *rows = run.out.splitlines()
-    assert header.split() == ["TIME", "(UTC)", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT", "HAPPENED"]
+    # two agents made the session: each row says whose it is
+    assert header.split() == ["TIME", "(UTC)", "AGENT", "TOOL", "TARGET", "STATUS", "DURATION", "WHAT", "HAPPENED"]
     assert len(rows) == len(session.reader.commands())
+    assert {row.split()[2] for row in rows} == {"writer", "reviewer"}
+    one_agent = cli("audit", "--agent", "writer", "--journal", session.journal).out.splitlines()[0]
+    assert "AGENT" not in one_agent.split()
     a = os.path.realpath(session.files["a.txt"])
     close = next(row for row in rows if "close_tab" in row)
     assert "ok" in close.split() and "discarded 14 B unsaved" in close
