@@ -45,7 +45,7 @@ def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _team_url(text: str) -> str:
     if not is_postgres_url(text):
-        raise ValueError(f"URL: expected a postgresql:// URL, got {not_a_file(text) or repr(text)}")
+        raise ValueError(f"URL: expected a postgresql://USER@HOST/DATABASE URL, got {not_a_file(text) or repr(text)}")
     return postgres_url(text)
 
 

@@ -91,7 +91,10 @@ def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
     if is_postgres_url(given):
         return postgres_url(given)
     if why := not_a_file(given):
-        raise ValueError(f"--journal: neither a journal file nor a team journal's postgresql:// URL: {why}")
+        raise ValueError(
+            f"--journal / $TOOLBUS_JOURNAL: {why}, not a journal file; "
+            "a team journal's is a postgresql://USER@HOST/DATABASE URL"
+        )
     return Path(given).expanduser()
 
 
@@ -152,4 +155,5 @@ def cli_caller(identity: Identity, client: str) -> Caller:
         client_name=client,
         client_version=version(),
         host=this_host(),
+        from_login=identity.from_login,
     )

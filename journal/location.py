@@ -9,8 +9,11 @@ from urllib.parse import urlsplit
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
-# libpq's key=value form of a connection, which toolbus does not take (and which may hold a password).
-_CONNINFO = re.compile(r"(?:^|\s)(?:host|hostaddr|port|dbname|user|password|service|sslmode)\s*=")
+# Text shaped like a URL whatever its typos (a blank before it, one slash, none): a scheme and a
+# colon, then a login (`@`) or a postgres-like scheme. Never a journal file's path.
+_URL_LIKE = re.compile(r"\s*(?:[A-Za-z][A-Za-z0-9+.-]*:/*[^/@\s]*@|postgres[A-Za-z]*:)", re.IGNORECASE)
+# libpq's key=value form of a connection, which toolbus does not take: a password, or two keys.
+_CONNINFO_KEY = re.compile(r"(?:^|\s)(host|hostaddr|port|dbname|user|password|service|sslmode)\s*=")
 
 
 def is_postgres_url(location: str) -> bool:
@@ -24,11 +27,13 @@ def postgres_url(location: str) -> str:
 
 
 def not_a_file(location: str) -> str | None:
-    """What `location`, not a team journal's URL, is instead of a journal file's path (without its
-    password): some other URL, or libpq's key=value form; None if it may be a path."""
-    if _SCHEME.match(location):
-        return f"the URL {shown(location)}"
-    if _CONNINFO.search(location):
+    """What `location`, not a team journal's URL, is instead of a journal file's path (said
+    without the text, which may hold a password): some other URL, or libpq's key=value form;
+    None if it may be a path."""
+    if _SCHEME.match(location) or _URL_LIKE.match(location):
+        return "a URL"
+    keys = _CONNINFO_KEY.findall(location)
+    if "password" in keys or len(set(keys)) > 1:
         return "a key=value connection string"
     return None
 
@@ -44,5 +49,7 @@ def shown(location: Path | str) -> str:
         host = parts.hostname or ""
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
-        return "a PostgreSQL URL that cannot be read"
+        return "a URL that cannot be read"
+    if "@" in parts.path:  # a password holding a '/', read as the host's port and a path
+        return "a URL that cannot be read"
     return f"{parts.scheme}://{user}{host}{port}{parts.path}"

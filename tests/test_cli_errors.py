@@ -112,8 +112,11 @@ def test_serve_says_a_directory_is_not_a_journal(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("location", "fragment"),
     [
-        ("postgresl://alice:s3cret@db.example/team", "the URL postgresl://alice@db.example/team"),
-        ("POSTGRE://alice:s3cret@db.example/team", "the URL postgre://alice@db.example/team"),
+        ("postgresl://alice:s3cret@db.example/team", "a URL"),
+        ("POSTGRE://alice:s3cret@db.example/team", "a URL"),
+        (" postgresql://alice:s3cret@db.example/team", "a URL"),  # a blank before it
+        ("postgresql:/alice:s3cret@db.example/team", "a URL"),  # one slash
+        ("postgresl://alice:123/s3cret@db.example/team", "a URL"),  # a password with a slash
         ("host=db.example password=s3cret dbname=team", "a key=value connection string"),
     ],
 )
@@ -122,14 +125,19 @@ def test_a_mistyped_team_url_is_refused_not_made_a_file_and_its_password_never_s
     tmp_path: Path, command: str, location: str, fragment: str
 ) -> None:
     run = cli(command, "--journal", location, cwd=tmp_path)
-    assert_one_line_usage_error(run, command, "neither a journal file nor a team journal's postgresql:// URL", fragment)
+    assert_one_line_usage_error(run, command, f"$TOOLBUS_JOURNAL: {fragment}, not a journal file")
     assert "s3cret" not in run.err
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("location", ["user=alice.db", "notes port=1.db", "odd=name.db"])
+def test_a_file_name_with_an_equals_sign_is_still_a_journal_file(tmp_path: Path, location: str) -> None:
+    assert journal_location(location, {}) == Path(location)
+
+
 def test_journal_copy_given_the_team_url_first_says_so_without_its_password(tmp_path: Path) -> None:
     run = cli("journal", "copy", "postgresql://alice:s3cret@db.example/team", tmp_path / "journal.db")
-    assert_one_line_usage_error(run, "journal", "got the URL postgresql://alice@db.example/team", "comes second")
+    assert_one_line_usage_error(run, "journal", "expected the local journal's file, got a URL", "comes second")
     assert "s3cret" not in run.err
 
 

@@ -141,10 +141,15 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert missing.returncode == 2 and "there is no role 'nobody_at_all'" in missing.stderr
         blank = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--department", " ")
         assert blank.returncode == 2 and "--department: expected a department's name" in blank.stderr
-        # The admin owns the tables, which row-level security does not bind: never an agent.
+        # Row-level security does not bind the owner of the tables, a role with its privileges,
+        # nor one that bypasses it: never an agent.
         admin = psycopg.connect(team.admin_url).info.user
-        owner = cli("journal", "agent", team.admin_url, admin, "--department", "sales")
-        assert owner.returncode == 2 and "give each agent a login role of its own" in owner.stderr, owner.stderr
+        with psycopg.connect(team.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE ROLE "bypass_{team.database}" LOGIN BYPASSRLS')
+            conn.execute(f'CREATE ROLE "member_{team.database}" LOGIN IN ROLE "{admin}"')
+        for unbound in (admin, f"bypass_{team.database}", f"member_{team.database}"):
+            refused = cli("journal", "agent", team.admin_url, unbound, "--department", "sales")
+            assert refused.returncode == 2 and "give each agent a login role of its own" in refused.stderr, unbound
         # An agent may not register anyone: one line that says who may, no traceback.
         by_agent = cli("journal", "agent", team.url("alice"), f"erin_{team.database}", "--department", "platform")
         assert by_agent.returncode == 2 and "run this as the team's admin" in by_agent.stderr, by_agent.stderr
@@ -155,7 +160,8 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
     finally:
         with psycopg.connect(team.admin_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY " + f'"erin_{team.database}"')
-            conn.execute(f'DROP ROLE "erin_{team.database}"')
+            for role in ("erin", "bypass", "member"):
+                conn.execute(f'DROP ROLE IF EXISTS "{role}_{team.database}"')
 
 
 def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
@@ -378,3 +384,28 @@ async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Tea
         with anyio.fail_after(30):  # once it answers, calls go through again
             while (await alice.call_tool("search", {"query": "before"})).is_error:
                 await anyio.sleep(0.05)
+
+
+def test_a_server_that_stops_answering_does_not_keep_toolbus_from_exiting(team: Team, tmp_path: Path) -> None:
+    """The client hangs up while the silent server still holds a call: toolbus exits all the same."""
+    import os
+    import signal
+
+    from tests.rpc_client import StdioServer, clean_env, result_text, toolbus_argv
+
+    argv = toolbus_argv(team.url("alice"))  # type: ignore[arg-type]
+    with StdioServer(argv, env=clean_env(QUICK_TIMEOUTS), stderr=tmp_path / "serve.stderr") as server:
+        server.initialize()
+        server.call_tool("save", {"title": "before", "text": "x"}, deadline=20)
+        [(backend,)] = admin_rows(
+            team,
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = 'toolbus'",
+            team.roles["alice"],
+        )
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            stuck = server.call_tool("search", {"query": "before"}, deadline=30)
+            assert stuck.get("isError") and "did not answer" in result_text(stuck)
+            assert server.close(timeout=30) == 0  # not killed: it ended by itself
+        finally:
+            os.kill(backend, signal.SIGCONT)

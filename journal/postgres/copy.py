@@ -9,10 +9,9 @@ finds every row already there and adds nothing. A registered agent copies in its
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
 import msgspec
 
@@ -62,7 +61,10 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
             commands += 1
             events += len(outcome.events)
             observations += sum(isinstance(event, ObservationSaved) for event in outcome.events)
-            made_private += sum(_made_private(stored.data, as_login) for stored in entry.events)
+            made_private += sum(
+                isinstance(event, ObservationSaved) and event.visibility != stored.data["visibility"]
+                for event, stored in zip(outcome.events, entry.events, strict=True)
+            )
     return Copied(commands, events, observations, already, made_private)
 
 
@@ -106,21 +108,14 @@ def _event(type_name: str, data: dict[str, object]) -> Event:
 
 
 def _in_name_of(event: Event, as_login: Caller | None) -> Event:
-    """An observation in the login's name: private if it was for another department alone."""
+    """An observation in the login's name. One for another department alone becomes private:
+    in the login's name, the login's department would see what was never for it."""
     if as_login is None or not isinstance(event, ObservationSaved):
         return event
-    visibility = "private" if _made_private(msgspec.structs.asdict(event), as_login) else event.visibility
+    visibility = event.visibility
+    if visibility == "department" and event.department != as_login.department:
+        visibility = "private"
     return msgspec.structs.replace(event, agent=as_login.agent, department=as_login.department, visibility=visibility)
-
-
-def _made_private(data: Mapping[str, Any], as_login: Caller | None) -> bool:
-    """Whether an observation's data is for a department alone, not the login's: copied in the
-    login's name, its department would see a note that was never for it, so it becomes private."""
-    return (
-        as_login is not None
-        and data.get("visibility") == "department"
-        and data.get("department") != as_login.department
-    )
 
 
 def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> Iterator[tuple[bool, Outcome]]:

@@ -93,14 +93,17 @@ _TABLES = (
     )""",
 )
 
+# Whether role `r` is one row-level security does not bind on the table `c`: a superuser, a role
+# that bypasses it, or the owner, or a role with the owner's privileges (PostgreSQL's test).
+_UNBOUND = "(r.rolsuper OR r.rolbypassrls OR pg_has_role(r.oid, c.relowner, 'USAGE'))"
+
 # Who may see an observation, judged inside a SECURITY DEFINER function (where current_user is
-# the owner) for the login: as the policies would, and everything for those they do not bind
-# (superusers, roles that bypass row-level security, the owner).
+# the owner) for the login: as the policies would, and everything for those they do not bind.
 _LOGIN_SEES = (
     "(visibility IN ('public', 'project') OR agent = session_user"
     " OR (visibility = 'department'"
     " AND department = (SELECT a.department FROM agents AS a WHERE a.role = session_user))"
-    " OR (SELECT r.rolsuper OR r.rolbypassrls OR r.oid = c.relowner FROM pg_roles AS r, pg_class AS c"
+    f" OR (SELECT {_UNBOUND} FROM pg_roles AS r, pg_class AS c"
     f" WHERE r.rolname = session_user AND c.oid = '{SCHEMA}.observations'::regclass))"
 )
 
@@ -233,8 +236,7 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
         raise ValueError("--department: expected a department's name, got an empty one")
     with conn.transaction():
         found = conn.execute(
-            "SELECT r.rolsuper OR r.rolbypassrls OR r.oid = c.relowner FROM pg_roles AS r, pg_class AS c"
-            " WHERE r.rolname = %s AND c.oid = %s::regclass",
+            f"SELECT {_UNBOUND} FROM pg_roles AS r, pg_class AS c WHERE r.rolname = %s AND c.oid = %s::regclass",
             (role, f"{SCHEMA}.commands"),
         ).fetchone()
         if found is None:

@@ -198,9 +198,16 @@ class PostgresJournal:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.stop()
-        with self._lock:
+        # Work a silent server still holds keeps the connection: leave it to the process's end
+        # rather than hang there (a stopped server acknowledges packets, so nothing times out).
+        if not self._lock.acquire(timeout=self.answer_timeout):
+            log.warning("the team journal at %s still holds a call: its connection closes with toolbus", self.location)
+            return
+        try:
             if self._conn is not None:
                 self._conn.close()
+        finally:
+            self._lock.release()
 
     # --- bus.JournalWriter --------------------------------------------------------------------
 
