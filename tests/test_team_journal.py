@@ -384,6 +384,10 @@ async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Tea
         with anyio.fail_after(30):  # once it answers, calls go through again
             while (await alice.call_tool("search", {"query": "before"})).is_error:
                 await anyio.sleep(0.05)
+    # The held call committed once the server went on; no second row says it failed, and the
+    # calls refused meanwhile reached no server.
+    statuses = admin_rows(team, "SELECT tool, status FROM commands WHERE tool <> 'search' OR status <> 'ok'")
+    assert statuses == [("save", "ok")]
 
 
 def test_a_server_that_stops_answering_does_not_keep_toolbus_from_exiting(team: Team, tmp_path: Path) -> None:
