@@ -239,7 +239,9 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             _json_lines(reader.history(args.path, limit, host))
         else:
-            print_history(reader, args.path, limit, host)
+            # A team journal shows each agent only its own file events (row-level security).
+            scope = "this login's" if isinstance(settings.journal, str) else ""
+            print_history(reader, args.path, limit, host, scope)
     return 0
 
 

@@ -203,9 +203,11 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
 }
 
 
-def print_history(reader: JournalReader, path: str, limit: int | None = None, host: str | None = None) -> None:
+def print_history(
+    reader: JournalReader, path: str, limit: int | None = None, host: str | None = None, scope: str = ""
+) -> None:
     """One file's events, newest first: those of machine `host`, or of every machine (None) with
-    a HOST column."""
+    a HOST column. `scope` says whose events the reader shows, when not everyone's."""
     entries = reader.history(path, one_more(limit), host)
     left_out = limit is not None and len(entries) > limit
     entries = entries[:limit]
@@ -213,7 +215,8 @@ def print_history(reader: JournalReader, path: str, limit: int | None = None, ho
     where = f" on {host}" if host is not None else ""
     if not entries:
         hint = " (--all-hosts for every machine's)" if host is not None else ""
-        print(f"{shown}: no saves or closes{where} in the journal{hint}", file=sys.stderr)
+        whose = f" of {scope}" if scope else ""
+        print(f"{shown}: no saves or closes{whose}{where} in the journal{hint}", file=sys.stderr)
         return
     count = f"the newest {len(entries)}" if left_out else str(len(entries))
     order = " (--limit 0 for all)" if left_out else ", newest first"

@@ -212,6 +212,9 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     assert by_bob.returncode == 0 and "copied 0 commands" in by_bob.stdout, by_bob.stderr
     assert "3 were there already" in by_bob.stdout
     assert admin_rows(team, "SELECT count(*) FROM commands") == [(3,)]
+    # ...and his history of the file says it is his login's that there are none of
+    of_bob = cli("history", "/src/a.py", "--journal", team.url("bob"), "--host", "laptop")
+    assert of_bob.returncode == 0 and "no saves or closes of this login's on laptop" in of_bob.stderr
 
 
 @pytest.mark.heavy
