@@ -1,8 +1,9 @@
 """`toolbus journal`: what a team's admin does to a team journal on PostgreSQL.
 
-    toolbus journal init URL                         the schema, its policies and grants (again: brought up to date)
-    toolbus journal agent URL ROLE --department D    make a login role an agent of a department
-    toolbus journal copy SQLITE_FILE URL             bring a local journal's memory and history (once)
+toolbus journal init URL                         the schema, its policies and grants (again: brought up to date)
+toolbus journal agent URL ROLE --department D    make a login role an agent of a department
+toolbus journal agent URL ROLE --remove          ... and an agent no more
+toolbus journal copy SQLITE_FILE URL             bring a local journal's memory and history (once)
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
     init = actions.add_parser("init", help="create the schema, its row-level security and grants (idempotent)")
     init.add_argument("url", metavar="URL", help="postgresql://ADMIN@HOST/DATABASE")
     init.set_defaults(run=run_init)
-    agent = actions.add_parser("agent", help="register a login role as an agent of a department")
+    agent = actions.add_parser("agent", help="register a login role as an agent of a department, or remove it")
     agent.add_argument("url", metavar="URL", help="postgresql://ADMIN@HOST/DATABASE")
     agent.add_argument("role", metavar="ROLE", help="the agent's login role (create it first: CREATE ROLE ... LOGIN)")
-    agent.add_argument("--department", required=True, help="the department whose notes it may see")
+    which = agent.add_mutually_exclusive_group(required=True)
+    which.add_argument("--department", help="the department whose notes it may see")
+    which.add_argument("--remove", action="store_true", help="an agent no more (its login and what it did stay)")
     agent.set_defaults(run=run_agent)
     copy = actions.add_parser("copy", help="copy a local journal's memory and file history into a team journal")
     copy.add_argument("source", metavar="SQLITE_FILE", help="the local journal")
@@ -80,15 +83,21 @@ def run_init(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_agent(args: argparse.Namespace, settings: Settings) -> int:
-    from toolbus.journal.postgres import register_agent
+    from toolbus.journal.postgres import register_agent, unregister_agent
 
     url = _team_url(args.url)
     with _as_admin(url) as conn:
         try:
-            register_agent(conn, args.role, args.department)
+            if args.remove:
+                department = unregister_agent(conn, args.role)
+            else:
+                register_agent(conn, args.role, args.department)
         except LookupError as error:
             raise ValueError(str(error)) from None
-    print(f"{args.role} is an agent of {args.department} in the team journal at {shown(url)}")
+    if args.remove:
+        print(f"{args.role} is no longer an agent (of {department}) in the team journal at {shown(url)}")
+    else:
+        print(f"{args.role} is an agent of {args.department} in the team journal at {shown(url)}")
     return 0
 
 

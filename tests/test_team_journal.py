@@ -157,6 +157,14 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert admin_rows(team, "SELECT department FROM agents WHERE role = %s", f"erin_{team.database}") == [
             ("sales",)
         ]
+        # Removed, erin is refused by the journal; removing her again says she is none.
+        removed = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--remove")
+        assert removed.returncode == 0 and "no longer an agent (of sales)" in removed.stdout, removed.stderr
+        erin = team.url("alice").replace(team.roles["alice"], f"erin_{team.database}")
+        refused = cli("serve", "--journal", erin)
+        assert refused.returncode == 2 and f"'erin_{team.database}' is not an agent" in refused.stderr, refused.stderr
+        again = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--remove")
+        assert again.returncode == 2 and "is not an agent of this team journal" in again.stderr
     finally:
         with psycopg.connect(team.admin_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY " + f'"erin_{team.database}"')

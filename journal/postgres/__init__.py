@@ -3,7 +3,7 @@ and the schema with the row-level security that enforces who sees and writes wha
 
 from toolbus.journal.postgres.memory import PostgresMemoryStore
 from toolbus.journal.postgres.reader import PostgresReader, PostgresTexts
-from toolbus.journal.postgres.schema import init_schema, register_agent
+from toolbus.journal.postgres.schema import init_schema, register_agent, unregister_agent
 from toolbus.journal.postgres.store import PostgresJournal, connect
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "connect",
     "init_schema",
     "register_agent",
+    "unregister_agent",
 ]

@@ -262,6 +262,18 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
         )
 
 
+def unregister_agent(conn: psycopg.Connection[Any], role: str) -> str:
+    """Make `role` an agent no more: it keeps its login, and the journal keeps what it did, but it
+    may not use the journal. Returns the department it was of; LookupError if it was none's."""
+    with conn.transaction():
+        removed = conn.execute(f"DELETE FROM {SCHEMA}.agents WHERE role = %s RETURNING department", (role,)).fetchone()
+        if removed is None:
+            raise LookupError(f"{role!r} is not an agent of this team journal")
+        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(AGENT_GROUP), sql.Identifier(role)))
+        conn.execute(sql.SQL("ALTER ROLE {} RESET idle_in_transaction_session_timeout").format(sql.Identifier(role)))
+    return str(removed[0])
+
+
 def keeps_pending(conn: psycopg.Connection[Any]) -> bool:
     """Whether the team journal has `commands.pending` (schema 2): until its admin runs
     `journal init` again, a journal of schema 1 works as before, without it."""
