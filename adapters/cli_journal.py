@@ -149,11 +149,19 @@ def parse_event_reference(text: str) -> int | str:
         ) from None
 
 
-def find_event(reader: JournalReader, reference: int | str, typed: str) -> StoredEvent:
+def find_event(reader: JournalReader, reference: int | str, typed: str, scope: str = "") -> StoredEvent:
+    """The event `reference` names; `scope` says whose events the reader shows, when not everyone's."""
     try:
         return reader.event_at(reference) if isinstance(reference, int) else reader.event_by_id(reference)
     except NoSuchEvent:
-        raise NoSuchEvent(f"no event {typed.strip()} in the journal") from None
+        whose = f" of {scope}" if scope else ""
+        raise NoSuchEvent(f"no event {typed.strip()}{whose} in the journal") from None
+
+
+def _whose(settings: Settings) -> str:
+    """Whose events a reader of the journal shows, when not everyone's: a team journal shows
+    each agent only its own file events (row-level security)."""
+    return "this login's" if isinstance(settings.journal, str) else ""
 
 
 # --- audit -------------------------------------------------------------------------------
@@ -239,9 +247,7 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             _json_lines(reader.history(args.path, limit, host))
         else:
-            # A team journal shows each agent only its own file events (row-level security).
-            scope = "this login's" if isinstance(settings.journal, str) else ""
-            print_history(reader, args.path, limit, host, scope)
+            print_history(reader, args.path, limit, host, _whose(settings))
     return 0
 
 
@@ -271,7 +277,7 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--force goes only with -o FILE, whose existing file it lets recover overwrite")
     output = _output_file(args.output, args.force) if args.output else None
     with _reading(settings) as reader:
-        found = recoverable(reader, find_event(reader, reference, args.event))
+        found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
     where = f"event @{found.event.position}, {found.path}"
     if args.apply:
         from toolbus.adapters.recover import apply_recovery

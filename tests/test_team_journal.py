@@ -208,12 +208,8 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     history = cli("history", "/src/a.py", "--journal", team.url("alice"), "--json", "--host", "laptop")
     assert history.returncode == 0, history.stderr
     assert '"DocumentSaved"' in history.stdout
-    recovered = cli(
-        "recover",
-        str(admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")[0][0]),
-        "--journal",
-        team.url("alice"),
-    )
+    [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
+    recovered = cli("recover", str(saved_at), "--journal", team.url("alice"))
     assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
     # Bob copies the same journal: alice's copy brought it; he sees none of it, and adds nothing.
     by_bob = cli("journal", "copy", str(local), team.url("bob"))
@@ -223,6 +219,8 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     # ...and his history of the file says it is his login's that there are none of
     of_bob = cli("history", "/src/a.py", "--journal", team.url("bob"), "--host", "laptop")
     assert of_bob.returncode == 0 and "no saves or closes of this login's on laptop" in of_bob.stderr
+    alices = cli("recover", str(saved_at), "--journal", team.url("bob"))
+    assert alices.returncode == 2 and f"no event {saved_at} of this login's in the journal" in alices.stderr
 
 
 @pytest.mark.heavy
