@@ -499,7 +499,8 @@ class NvimEditor:
 
     async def close_file(self, path: str) -> FileClosed:
         """Wipe the buffer of `path`, unless it has unsaved changes."""
-        return msgspec.convert(await self._lua("close", path), FileClosed)
+        closed: FileClosed = msgspec.convert(await self._lua("close", path), FileClosed)
+        return closed
 
     # plumbing
 

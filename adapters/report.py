@@ -103,6 +103,11 @@ def describe_outcome(entry: AuditEntry) -> str:
     return ""
 
 
+def _kept_size(blobs: dict[str, int], digest: object) -> str:
+    """The size of a kept text an event names by its hash ('?' when it is not kept)."""
+    return size(blobs.get(digest)) if isinstance(digest, str) else "?"
+
+
 def describe_event(event: StoredEvent) -> str:
     data = event.data
     describe = _EVENT_WORDS.get(event.type)
@@ -112,7 +117,7 @@ def describe_event(event: StoredEvent) -> str:
 def _saved(data: dict[str, Any], blobs: dict[str, int]) -> str:
     text = f"saved {size(data.get('bytes_written'))}"
     replaced = data.get("replaced_blob")
-    text += f", replaced {size(blobs.get(replaced))}" if replaced else ", new file"
+    text += f", replaced {_kept_size(blobs, replaced)}" if replaced else ", new file"
     if data.get("disk_changed"):
         text += ", file had changed on disk" + (" (reloaded first)" if data.get("reloaded") else "")
     return text
@@ -129,18 +134,18 @@ def _refused(data: dict[str, Any], blobs: dict[str, int]) -> str:
 
 def _closed(data: dict[str, Any], blobs: dict[str, int]) -> str:
     discarded = data.get("discarded_blob")
-    return f"closed, discarded {size(blobs.get(discarded))} unsaved" if discarded else "closed"
+    return f"closed, discarded {_kept_size(blobs, discarded)} unsaved" if discarded else "closed"
 
 
 def _write_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
     replaced = data.get("replaced_blob")
-    kept = f"; the text it would replace ({size(blobs.get(replaced))}) is kept" if replaced else " (a new file)"
+    kept = f"; the text it would replace ({_kept_size(blobs, replaced)}) is kept" if replaced else " (a new file)"
     return f"may have been written (outcome unknown){kept}"
 
 
 def _close_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
     discarded = data.get("discarded_blob")
-    kept = f"; its unsaved text ({size(blobs.get(discarded))}) is kept" if discarded else ""
+    kept = f"; its unsaved text ({_kept_size(blobs, discarded)}) is kept" if discarded else ""
     return f"may have been closed (outcome unknown){kept}"
 
 
@@ -151,24 +156,24 @@ def _close_skipped(data: dict[str, Any], blobs: dict[str, int]) -> str:
 
 
 def _restored(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    return f"restored {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}"
+    return f"restored {_kept_size(blobs, data.get('written_blob'))} from @{data.get('from_position')}"
 
 
 def _replayed(data: dict[str, Any], blobs: dict[str, int]) -> str:
     if data.get("action") == "close":
         return f"replayed the close @{data.get('from_position')}"
     kept = f"; kept what the file held in {data['kept_copy']}" if data.get("kept_copy") else ""
-    return f"replayed {size(blobs.get(data.get('written_blob')))} from @{data.get('from_position')}{kept}"
+    return f"replayed {_kept_size(blobs, data.get('written_blob'))} from @{data.get('from_position')}{kept}"
 
 
 def _proposed(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    return f"diff proposed ({size(blobs.get(data.get('proposed_blob')))})"
+    return f"diff proposed ({_kept_size(blobs, data.get('proposed_blob'))})"
 
 
 def _accepted(data: dict[str, Any], blobs: dict[str, int]) -> str:
     edited = ", edited by the user" if data.get("user_edited") else ""
     replaced = data.get("replaced_blob")
-    was = f", replaced {size(blobs.get(replaced))}" if replaced else ", new file"
+    was = f", replaced {_kept_size(blobs, replaced)}" if replaced else ", new file"
     return f"diff accepted{edited}: saved {size(data.get('bytes_written'))}{was}"
 
 

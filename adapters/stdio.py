@@ -21,7 +21,6 @@ import logging
 import os
 import stat
 from collections.abc import AsyncIterator, Iterator
-from typing import BinaryIO
 
 import anyio
 
@@ -140,7 +139,7 @@ class LineWriter(asyncio.Protocol):
             raise self._lost or BrokenPipeError("stdout was closed")
 
 
-def _decode(line: bytes) -> str:
+def _decode(line: bytes | bytearray) -> str:
     return line.decode("utf-8", errors="replace")
 
 
@@ -170,9 +169,9 @@ class _Wire:
         os.dup2(stand_in, fd)
         os.close(stand_in)
 
-    def stream(self, mode: str) -> BinaryIO:
+    def stream(self, mode: str) -> io.FileIO:
         """A file of its own on the wire for a transport, which closes it when done."""
-        return os.fdopen(_private_copy(self.private), mode, buffering=0)
+        return io.FileIO(_private_copy(self.private), mode)
 
     def give_back(self) -> None:
         os.set_blocking(self.private, self._blocking)
@@ -216,9 +215,7 @@ def threaded_stdin() -> Iterator[anyio.AsyncFile[str]]:
     wire = _Wire(0)
     # Not closed on the way out: a worker thread may still be blocked reading it (a terminal
     # at a signal), and a closed descriptor could be recycled under it. One per process.
-    text = io.TextIOWrapper(
-        io.BufferedReader(wire.stream("rb")), encoding="utf-8", errors="replace", newline="\n"
-    )
+    text = io.TextIOWrapper(io.BufferedReader(wire.stream("rb")), encoding="utf-8", errors="replace", newline="\n")
     try:
         yield anyio.wrap_file(text)
     finally:

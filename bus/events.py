@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -18,6 +18,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
     """Base of all events. `version` is the schema version of the event type's data."""
 
     version: ClassVar[int] = 1
+
+    @classmethod
+    def type_name(cls) -> str:
+        """The name the event's type is stored under: its tag (every event type has a str one)."""
+        return cast(str, cls.__struct_config__.tag)
 
     @property
     def stream(self) -> str:
@@ -198,7 +203,7 @@ AnyEvent = (
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    cls.type_name(): cls
     for cls in (
         DocumentSaved,
         DocumentSaveRefused,

@@ -16,7 +16,7 @@ import logging
 import re
 import time
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -39,7 +39,8 @@ class TextItems:
     items: tuple[str, ...]
 
 
-Reply = str | TextItems | msgspec.Struct | Mapping[str, Any]
+# Everything but TextItems and str is answered as JSON (getDiagnostics: a list of files).
+Reply = str | TextItems | msgspec.Struct | Sequence[msgspec.Struct] | Mapping[str, Any]
 C = TypeVar("C", bound=Command)
 CANCELLED = "cancelled by the client (or the server stopped) before it finished"
 
@@ -169,8 +170,8 @@ class Bus:
             # The reply will never be sent, but the journal still gets its outcome.
             with anyio.CancelScope(shield=True):
                 if not context.commit_attempted:
-                    status = "cancelled" if context.command_id is None else context.on_cancel
-                    await self._finish_failed(record, context, CANCELLED, status)
+                    cancelled: Status = "cancelled" if context.command_id is None else context.on_cancel
+                    await self._finish_failed(record, context, CANCELLED, cancelled)
             raise
         except ToolbusError as error:
             if not _effect_unrecorded(command, context):

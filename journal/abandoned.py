@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 # The only events a settle appends: what an action in doubt may have done to a file. Anything
 # else in a row's `pending` (written by hand, or by a newer toolbus) is left alone.
-SETTLED_TYPES: frozenset[str] = frozenset(cls.__struct_config__.tag for cls in (FileWriteInDoubt, TabCloseInDoubt))
+SETTLED_TYPES: frozenset[str] = frozenset(cls.type_name() for cls in (FileWriteInDoubt, TabCloseInDoubt))
 # Field 22 of /proc/PID/stat, the process's start in clock ticks after boot: the 20th after
 # the command name, which is in parentheses and may hold spaces.
 _STARTED_FIELD = 19
@@ -59,9 +59,7 @@ def pending_text(events: Sequence[Event]) -> str | None:
     """`events` as a `commands.pending` value, marked with this process; None for none."""
     if not events:
         return None
-    entries = [
-        (event.__struct_config__.tag, type(event).version, msgspec.Raw(encode_event_data(event))) for event in events
-    ]
+    entries = [(event.type_name(), type(event).version, msgspec.Raw(encode_event_data(event))) for event in events]
     return msgspec.json.encode(_Pending(this_process(), entries)).decode()
 
 

@@ -4,15 +4,19 @@ observations (read by position, in the column orders named here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
 from toolbus.bus import AuditEntry, HistoryEntry, StoredEvent, decode_event
 from toolbus.bus.queries import Observations
 
-Row = Mapping[str, Any]
+
+class Row(Protocol):
+    """A row read by column name: a sqlite3.Row or a psycopg dict row."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
 
 
 def audit_entry(row: Row, events: list[StoredEvent], host: str | None) -> AuditEntry:

@@ -49,7 +49,7 @@ class Worker:
                 _deliver(loop, future, result, None)
 
 
-_Job = tuple[Callable[[], object], "asyncio.Future[object]", "asyncio.AbstractEventLoop"]
+_Job = tuple[Callable[[], object], "asyncio.Future[Any]", "asyncio.AbstractEventLoop"]
 
 
 def _deliver(

@@ -12,24 +12,41 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bus", "handlers", "adapters", "journal")
 
 
-def test_import_contracts_hold(tmp_path: Path) -> None:
-    """import-linter's contracts in pyproject.toml: layers bus < handlers < journal < adapters,
-    and no cycles between sibling modules (imports inside functions count). It reads the code
-    from a `toolbus` folder whose four packages are the repository's own folders."""
+def _toolbus_folder(tmp_path: Path) -> Path:
+    """A `toolbus` folder whose four packages are the repository's own folders, as installed."""
     (tmp_path / "toolbus").mkdir()
     for name in PACKAGES:
         (tmp_path / "toolbus" / name).symlink_to(ROOT / name)
-    lint = Path(sys.executable).with_name("lint-imports")
-    run = subprocess.run(
-        [str(lint), "--no-cache", "--no-logo", "--config", str(ROOT / "pyproject.toml")],
-        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
-        cwd=tmp_path,
+    return tmp_path
+
+
+def _run_tool(name: str, args: list[str], folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name(name)), *args],
+        env=dict(os.environ, PYTHONPATH=str(folder), MYPYPATH=str(folder)),
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_import_contracts_hold(tmp_path: Path) -> None:
+    """import-linter's contracts in pyproject.toml: layers bus < handlers < journal < adapters,
+    and no cycles between sibling modules (imports inside functions count)."""
+    args = ["--no-cache", "--no-logo", "--config", str(ROOT / "pyproject.toml")]
+    run = _run_tool("lint-imports", args, _toolbus_folder(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 kept, 0 broken" in run.stdout
+
+
+def test_the_code_type_checks_strictly(tmp_path: Path) -> None:
+    """mypy --strict (pyproject.toml) over the four packages finds nothing."""
+    packages = [arg for name in PACKAGES for arg in ("-p", f"toolbus.{name}")]
+    args = ["--config-file", str(ROOT / "pyproject.toml"), "--python-executable", sys.executable, *packages]
+    run = _run_tool("mypy", args, _toolbus_folder(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Success: no issues found in" in run.stdout
 
 
 def test_the_wheel_holds_only_the_toolbus_package(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ finds every row already there and adds nothing. A registered agent copies in its
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 
 import msgspec
@@ -53,7 +53,7 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     pending = iter(entries)
     while batch := list(islice(pending, _BATCH)):
         prepared = [_prepared(source, entry, as_login) for entry in batch]
-        results = target.run_sync(lambda conn, prepared=prepared: _copy_batch(conn, prepared))
+        results = target.run_sync(partial(_copy_batch, prepared=prepared))
         for entry, (fresh, outcome) in zip(batch, results, strict=True):
             if not fresh:
                 already += 1
@@ -118,11 +118,11 @@ def _in_name_of(event: Event, as_login: Caller | None) -> Event:
     return msgspec.structs.replace(event, agent=as_login.agent, department=as_login.department, visibility=visibility)
 
 
-def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> Iterator[tuple[bool, Outcome]]:
+def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[tuple[bool, Outcome]]:
     """Each command of the batch, and whether it was copied now (False: an earlier copy did,
     this login's or another's)."""
     with conn.transaction():
-        results = []
+        results: list[tuple[bool, Outcome]] = []
         for outcome, key, ids, finished_ns in prepared:
             exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (key,)).fetchone()
             copied = exists is None
@@ -133,4 +133,4 @@ def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> Iterator[tuple[b
                 except AlreadyRecorded:
                     copied = False
             results.append((copied, outcome))
-    return iter(results)
+    return results

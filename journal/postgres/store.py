@@ -454,7 +454,7 @@ def _append(
         row = (
             event_id,
             command_id,
-            event.__struct_config__.tag,
+            event.type_name(),
             type(event).version,
             event.stream,
             recorded_at,

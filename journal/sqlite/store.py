@@ -186,7 +186,8 @@ class SqliteJournal:
             self._worker = Worker()
         future = self._worker.submit(self.run_sync, work)
         with anyio.CancelScope(shield=True):
-            return await future
+            result = await future
+        return result
 
     transaction = staticmethod(transaction)
 
@@ -464,7 +465,7 @@ def _append(conn: sqlite3.Connection, events: Sequence[tuple[int, Event]], recor
         (
             ids[index],
             command_id,
-            event.__struct_config__.tag,
+            event.type_name(),
             type(event).version,
             event.stream,
             recorded_at,
