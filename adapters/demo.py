@@ -163,9 +163,7 @@ async def _agent_session(stage: Stage) -> None:
                 return text
 
             await user(f"opens {hello.name} and {notes.name}", lambda n: _open(n, hello, notes))
-            await user(
-                f"changes {hello.name}, does not save", lambda n: _set(n, hello, ["print('hello, toolbus')"])
-            )
+            await user(f"changes {hello.name}, does not save", lambda n: _set(n, hello, ["print('hello, toolbus')"]))
             await agent("getOpenEditors", {})
             await agent("checkDocumentDirty", {"filePath": str(hello)})
             await agent("saveDocument", {"filePath": str(hello)})

@@ -93,9 +93,7 @@ def build_server(
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
-    async def call_tool(
-        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         caller = _caller(ctx, agent, department, session_id, host, from_login)
         # Progress reports start only for a call that goes on to wait for a person: a task group
         # per call would cost every call, on the hot path, for the one tool that waits.

@@ -230,9 +230,7 @@ def print_history(
     headers = ["EVENT", "TIME (UTC)", *(["HOST"] if host is None else []), "BY", "WHAT HAPPENED", "RECOVERABLE"]
     print(table(headers, rows))
     if any(_recoverable_words(entry.event) != "-" for entry in entries):
-        print(
-            "\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file."
-        )
+        print("\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file.")
 
 
 def _history_row(entry: HistoryEntry, hosts: bool) -> list[str]:
@@ -267,5 +265,3 @@ def _recoverable_words(event: StoredEvent) -> str:
         return "-"
     kind = _RECOVERABLE_KIND.get(event.type, "replaced")
     return f"{size(event.blobs.get(digest))} {kind}"
-
-

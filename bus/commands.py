@@ -438,12 +438,8 @@ class SaveObservation(Command, frozen=True, kw_only=True):
     type: ObservationType = "discovery"
     project: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] = "manual"
     memory_session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
-    facts: Annotated[
-        list[Annotated[str, msgspec.Meta(max_length=MAX_TEXT_BYTES)]], msgspec.Meta(max_length=1000)
-    ] = []
-    concepts: Annotated[
-        list[Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=1000)
-    ] = []
+    facts: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_TEXT_BYTES)]], msgspec.Meta(max_length=1000)] = []
+    concepts: Annotated[list[Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=1000)] = []
     agent: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     department: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     visibility: Visibility = "project"
@@ -531,9 +527,7 @@ class GetObservations(Command, frozen=True, kw_only=True):
     description = "Full observations by id, in the order asked. Params: ids (array of observation ids)"
     schema: ClassVar[dict[str, Any]] = {
         "type": "object",
-        "properties": {
-            "ids": {"type": "array", "items": {"type": "integer"}, "description": "Observation ids"}
-        },
+        "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "description": "Observation ids"}},
         "required": ["ids"],
     }
     hints = _reads("Get observations")

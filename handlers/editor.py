@@ -39,8 +39,7 @@ CONFLICT = (
     "Nothing was written: both versions are intact. Reload or merge in Neovim, then save again"
 )
 BUSY = (
-    "Failed to save: the buffer or its file kept changing while toolbus was saving it. "
-    "Nothing was written; try again"
+    "Failed to save: the buffer or its file kept changing while toolbus was saving it. Nothing was written; try again"
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
@@ -83,9 +82,7 @@ async def get_open_editors(command: GetOpenEditors, context: HandlerContext[Any]
     return OpenEditors(tabs=await editor_of(context).open_editors())
 
 
-async def check_document_dirty(
-    command: CheckDocumentDirty, context: HandlerContext[Any]
-) -> DirtyState | Failure:
+async def check_document_dirty(command: CheckDocumentDirty, context: HandlerContext[Any]) -> DirtyState | Failure:
     dirty = await editor_of(context).is_dirty(command.file)
     if dirty is None:
         return Failure(success=False, message=f"Document not open: {command.filePath}")

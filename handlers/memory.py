@@ -160,5 +160,3 @@ def _epoch_ms_in_range(tool: str, field: str, value: int) -> int:
             tool, f"{field}: expected epoch milliseconds from {SQLITE_INT_MIN} to {SQLITE_INT_MAX}, got {value}"
         )
     return value
-
-

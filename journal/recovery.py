@@ -24,9 +24,7 @@ def recoverable(reader: JournalReader, event: StoredEvent) -> Recoverable:
     field = RECOVERABLE_FIELDS.get(event.type)
     where = f"event @{event.position} ({event.type})"
     if field is None:
-        raise ValueError(
-            f"{where} holds no recoverable text: only saves, closes, restores and diff decisions do"
-        )
+        raise ValueError(f"{where} holds no recoverable text: only saves, closes, restores and diff decisions do")
     name, description = field
     digest = event.data.get(name)
     if digest is None:

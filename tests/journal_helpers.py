@@ -71,9 +71,7 @@ def record_editor_session(root: Path) -> EditorSession:
     root.mkdir(parents=True, exist_ok=True)
     work = root / "work"
     work.mkdir()
-    session = EditorSession(
-        root=root, journal=root / "state" / "journal.db", nvim=NeovimProcess(root / "nvim")
-    )
+    session = EditorSession(root=root, journal=root / "state" / "journal.db", nvim=NeovimProcess(root / "nvim"))
     for name, text in (("a.txt", "alpha 1\n"), ("b.txt", "bravo\n"), ("c.txt", "charlie 1\n")):
         session.files[name] = work / name
         (work / name).write_text(text)

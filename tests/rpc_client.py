@@ -104,9 +104,7 @@ class StdioServer:
         self.notify("notifications/initialized")
         return result
 
-    def call_tool(
-        self, name: str, arguments: Any = None, *, deadline: float = DEFAULT_DEADLINE
-    ) -> dict[str, Any]:
+    def call_tool(self, name: str, arguments: Any = None, *, deadline: float = DEFAULT_DEADLINE) -> dict[str, Any]:
         """A `tools/call` result: `{"content": [...], "isError": bool?}`."""
         params: dict[str, Any] = {"name": name}
         if arguments is not None:

@@ -49,6 +49,13 @@ def test_the_code_type_checks_strictly(tmp_path: Path) -> None:
     assert "Success: no issues found in" in run.stdout
 
 
+def test_ruff_finds_nothing() -> None:
+    """The lint rules and the formatting in pyproject.toml hold everywhere."""
+    for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
+        run = _run_tool("ruff", args, ROOT)
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_the_wheel_holds_only_the_toolbus_package(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],

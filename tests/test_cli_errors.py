@@ -84,9 +84,7 @@ NOT_JOURNALS = {
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("kind", NOT_JOURNALS)
-def test_a_file_that_is_not_a_journal_is_refused_and_left_alone(
-    tmp_path: Path, command: str, kind: str
-) -> None:
+def test_a_file_that_is_not_a_journal_is_refused_and_left_alone(tmp_path: Path, command: str, kind: str) -> None:
     make, why = NOT_JOURNALS[kind]
     path = make(tmp_path)
     before = snapshot(tmp_path)

@@ -57,9 +57,7 @@ def run_agents(tmp_path: Path, journal: Path, processes: int, calls: int) -> lis
     agents = [
         Agent(
             name=f"agent{n}",
-            server=StdioServer(
-                toolbus_argv(journal, "--agent", f"agent{n}"), stderr=tmp_path / f"agent{n}.stderr"
-            ),
+            server=StdioServer(toolbus_argv(journal, "--agent", f"agent{n}"), stderr=tmp_path / f"agent{n}.stderr"),
             calls=calls,
         )
         for n in range(processes)

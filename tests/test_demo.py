@@ -43,9 +43,7 @@ def test_demo_keep_leaves_a_journal_to_explore() -> None:
         assert f"toolbus audit --journal {journal}" in run.out
         audit = cli("audit", "--journal", journal, "--json", "--tool", "recover")
         assert [line["status"] for line in audit.json_lines()] == ["ok"]
-        assert (
-            (root / "project" / "notes.md").read_text().startswith("# Notes\n\n- [ ] write the tests first")
-        )
+        assert (root / "project" / "notes.md").read_text().startswith("# Notes\n\n- [ ] write the tests first")
     finally:
         shutil.rmtree(root)
 

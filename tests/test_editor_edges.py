@@ -25,9 +25,7 @@ pytestmark = pytest.mark.anyio
 # --- exact path matching -----------------------------------------------------------------
 
 
-async def test_a_path_never_matches_another_directorys_file(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_a_path_never_matches_another_directorys_file(client: Client, nvim: NeovimProcess, files: Path) -> None:
     other = make(files, "other/path/a.py")
     nvim.edit(other)
     nvim.set_lines(other, ["dirty"])
@@ -39,9 +37,7 @@ async def test_a_path_never_matches_another_directorys_file(
     assert other.read_text() == "print('hello')\n"
 
 
-async def test_a_symlinked_path_finds_the_real_files_buffer(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_a_symlinked_path_finds_the_real_files_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:
     real = make(files, "real/a.py")
     link = files / "link"
     link.symlink_to(files / "real")
@@ -65,9 +61,7 @@ async def test_a_buffer_opened_through_a_symlink_is_found_by_its_real_path(
     assert reply["isDirty"] is True
 
 
-async def test_close_tab_by_name_never_closes_a_longer_name(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_close_tab_by_name_never_closes_a_longer_name(client: Client, nvim: NeovimProcess, files: Path) -> None:
     data = make(files, "data.py")
     nvim.edit(data)
     await client.call_tool("close_tab", {"tab_name": "a.py"})
@@ -105,9 +99,7 @@ async def test_close_tab_finds_a_buffer_by_its_real_path_and_through_a_symlink(
     assert nvim.buffer_names() == [str(files / "other.py")]
 
 
-async def test_close_tab_prefers_the_exact_full_path(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_close_tab_prefers_the_exact_full_path(client: Client, nvim: NeovimProcess, files: Path) -> None:
     first, second = make(files, "x/a.py"), make(files, "y/a.py")
     nvim.edit(first)
     nvim.edit(second)
@@ -288,9 +280,7 @@ async def test_without_any_neovim_configured_the_error_says_what_to_do(
     assert "No Neovim found" in text_of(result) and "--nvim" in text_of(result)
 
 
-async def test_after_neovim_restarts_the_next_call_works(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_after_neovim_restarts_the_next_call_works(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py")
     nvim.edit(path)
     assert len(json_of(await client.call_tool("getOpenEditors", {}))["tabs"]) == 1

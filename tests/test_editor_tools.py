@@ -30,9 +30,7 @@ async def tool_descriptions(client: Client) -> dict[str, str | None]:
 # --- saveDocument (seed 000) -----------------------------------------------------------
 
 
-async def test_save_writes_a_modified_buffer_to_disk(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_save_writes_a_modified_buffer_to_disk(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py")
     nvim.edit(path)
     nvim.set_lines(path, ["x = 2"])
@@ -90,9 +88,7 @@ async def test_save_clears_the_modified_flag(client: Client, nvim: NeovimProcess
     assert not nvim.modified(path)
 
 
-async def test_save_writes_even_an_unmodified_buffer(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_save_writes_even_an_unmodified_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py")
     nvim.edit(path)
     path.unlink()  # only a real :write brings it back
@@ -161,9 +157,7 @@ async def test_close_wipes_the_named_buffer(client: Client, nvim: NeovimProcess,
     assert not nvim.lua("return vim.api.nvim_buf_is_valid(...)", bufnr)
 
 
-async def test_close_of_an_unknown_buffer_still_answers_tab_closed(
-    client: Client, nvim: NeovimProcess
-) -> None:
+async def test_close_of_an_unknown_buffer_still_answers_tab_closed(client: Client, nvim: NeovimProcess) -> None:
     result = await client.call_tool("close_tab", {"tab_name": "no-such-file.lua"})
     assert not result.is_error
     assert text_of(result) == "TAB_CLOSED"
@@ -228,9 +222,7 @@ async def test_open_editors_marks_dirty_buffers(client: Client, nvim: NeovimProc
     }
 
 
-async def test_open_editors_excludes_unnamed_buffers(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_open_editors_excludes_unnamed_buffers(client: Client, nvim: NeovimProcess, files: Path) -> None:
     nvim.edit(make(files, "one.py"))
     nvim.command("enew")
     nvim.set_lines("", ["scratch text"])
@@ -255,9 +247,7 @@ async def test_open_editors_gives_file_uris(client: Client, nvim: NeovimProcess,
     assert tab["uri"] == "file://" + str(path).replace(" ", "%20")
 
 
-async def test_open_editors_language_is_filetype_or_plaintext(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_open_editors_language_is_filetype_or_plaintext(client: Client, nvim: NeovimProcess, files: Path) -> None:
     nvim.edit(make(files, "code.lua"))
     nvim.edit(make(files, "notes.zzz"))
     assert {tab["label"]: tab["languageId"] for tab in await editors(client)} == {

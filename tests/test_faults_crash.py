@@ -61,9 +61,7 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged(
     assert not [e for e in state.events if e["command_id"] == held["id"]]  # nothing said yet
 
     nvim.command("autocmd! BufWritePre")
-    with StdioServer(
-        toolbus_argv(journal_path, nvim=nvim.address), stderr=tmp_path / "second.stderr"
-    ) as server:
+    with StdioServer(toolbus_argv(journal_path, nvim=nvim.address), stderr=tmp_path / "second.stderr") as server:
         server.initialize()
         after = [save(server, f"after {index}") for index in range(10)]
     # Before answering, the restarted server said under the file what the dead one may have

@@ -41,9 +41,7 @@ def save(server: StdioServer, title: str, text: str = "t") -> dict[str, object]:
     [os.urandom(64 * 1024), b"SQLite format 3\x00" + os.urandom(4000), b"not a journal\n" * 10],
     ids=["random", "sqlite-header-then-garbage", "text"],
 )
-def test_garbage_at_the_journal_path_is_refused_at_start_and_left_alone(
-    tmp_path: Path, content: bytes
-) -> None:
+def test_garbage_at_the_journal_path_is_refused_at_start_and_left_alone(tmp_path: Path, content: bytes) -> None:
     journal = tmp_path / "journal.db"
     journal.write_bytes(content)
     code, said = start_fails(tmp_path, journal)

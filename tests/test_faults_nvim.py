@@ -113,9 +113,7 @@ async def test_a_prompt_the_user_started_never_blocks_a_call(
             # Neovim 0.11 answers RPC while it waits at a prompt or sleeps; if a prompt did
             # block it, the call would be an error after the timeout. Either way: an answer.
             for tool in ("checkDocumentDirty", "saveDocument", "getOpenEditors"):
-                result = await client.call_tool(
-                    tool, {} if tool == "getOpenEditors" else {"filePath": str(path)}
-                )
+                result = await client.call_tool(tool, {} if tool == "getOpenEditors" else {"filePath": str(path)})
                 assert result.is_error or text_of(result).startswith("{")
             assert usable(nvim)
             nvim.call(lambda n: n.input("<Esc>"))
@@ -147,9 +145,7 @@ async def test_a_request_blocked_inside_neovim_times_out_and_neovim_recovers(
 
 
 @pytest.mark.heavy
-async def test_one_server_survives_a_run_of_neovim_faults(
-    journal_path: Path, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_one_server_survives_a_run_of_neovim_faults(journal_path: Path, nvim: NeovimProcess, files: Path) -> None:
     path = open_file(nvim, files)
     calls = 0
     with anyio.fail_after(GENEROUS * 3):

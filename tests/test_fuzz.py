@@ -57,9 +57,7 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)),
     max_leaves=20,
 )
 
@@ -354,9 +352,7 @@ def _surrogate_calls(known_bad: bool) -> list[tuple[str, dict[str, Any]]]:
     return calls
 
 
-async def _answer_in_process(
-    tmp_path: Path, journal_path: Path, calls: list[tuple[str, dict[str, Any]]]
-) -> None:
+async def _answer_in_process(tmp_path: Path, journal_path: Path, calls: list[tuple[str, dict[str, Any]]]) -> None:
     import anyio
     from mcp import Client
 
@@ -392,9 +388,7 @@ async def _answer_in_process(
 
 
 @pytest.mark.anyio
-async def test_lone_surrogates_in_process_are_answered_and_recorded(
-    tmp_path: Path, journal_path: Path
-) -> None:
+async def test_lone_surrogates_in_process_are_answered_and_recorded(tmp_path: Path, journal_path: Path) -> None:
     await _answer_in_process(tmp_path, journal_path, _surrogate_calls(known_bad=False))
 
 

@@ -324,9 +324,7 @@ async def test_open_file_selects_lines_in_the_main_window_never_the_terminal(
     assert (current["filePath"], current["selection"]) == (str(path), span((1, 0), (3, 3)))
 
 
-async def test_open_file_selects_from_start_text_to_end_text(
-    client: Client, nvim: NeovimProcess, files: Path
-) -> None:
+async def test_open_file_selects_from_start_text_to_end_text(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = str(files / "b.txt")
     reply = await client.call_tool("openFile", {"filePath": path, "startText": "beta", "endText": "del"})
     assert text_of(reply) == f"Opened file: {path} (selected lines 1-2)"

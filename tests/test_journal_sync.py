@@ -232,9 +232,7 @@ def test_with_journal_sync_normal_nothing_waits_for_the_disk(syncs: SyncCounter,
         journal.close()
 
 
-def test_begin_keeps_its_texts_in_its_one_durable_transaction(
-    syncs: SyncCounter, path: Path, tmp_path: Path
-) -> None:
+def test_begin_keeps_its_texts_in_its_one_durable_transaction(syncs: SyncCounter, path: Path, tmp_path: Path) -> None:
     journal = SqliteJournal(path)
     try:
         syncs.reset()

@@ -225,9 +225,7 @@ def other_writer(journal_path: Path, sql: str) -> None:
 
 
 @pytest.mark.heavy
-async def test_a_journal_locked_by_another_writer_is_an_error(
-    journal_path: Path, journal: JournalReader
-) -> None:
+async def test_a_journal_locked_by_another_writer_is_an_error(journal_path: Path, journal: JournalReader) -> None:
     async with toolbus(journal_path, None, env={"TOOLBUS_JOURNAL_TIMEOUT": "1"}) as client:
         await save(client, title="Before", text="stored")
         locker = sqlite3.connect(journal_path, isolation_level=None)
@@ -321,9 +319,7 @@ async def test_search_filters_pages_and_orders(journal_path: Path, journal: Jour
     async with toolbus(journal_path, None) as client:
         saved = [
             await save(client, title="zebra in the title", text="stripes", project="zoo", type="decision"),
-            await save(
-                client, title="plain", text="a zebra among many other words", project="zoo", type="bugfix"
-            ),
+            await save(client, title="plain", text="a zebra among many other words", project="zoo", type="bugfix"),
             await save(client, title="other", text="nothing striped", project="farm", type="feature"),
             await save(client, title="late", text="the zebra crossing", project="farm", type="bugfix"),
         ]
@@ -471,9 +467,7 @@ async def test_each_caller_sees_only_what_its_visibility_allows(journal_path: Pa
             level: (await save(alice, title=f"{level} plan", text="the launch plan", visibility=level))["id"]
             for level in ("private", "department", "project", "public")
         }
-        for_bob = (
-            await save(alice, title="note for bob", text="launch plan", agent="bob", visibility="private")
-        )["id"]
+        for_bob = (await save(alice, title="note for bob", text="launch plan", agent="bob", visibility="private"))["id"]
         everyone = {*saved.values(), for_bob}
         expected = {
             "alice": everyone - {for_bob},
@@ -482,9 +476,7 @@ async def test_each_caller_sees_only_what_its_visibility_allows(journal_path: Pa
         }
         async with (
             toolbus(journal_path, None, "--agent", "bob", "--department", "eng") as bob,
-            toolbus(
-                journal_path, None, env={"TOOLBUS_AGENT": "carol", "TOOLBUS_DEPARTMENT": "sales"}
-            ) as carol,
+            toolbus(journal_path, None, env={"TOOLBUS_AGENT": "carol", "TOOLBUS_DEPARTMENT": "sales"}) as carol,
         ):
             for name, client in (("alice", alice), ("bob", bob), ("carol", carol)):
                 await sees_exactly(client, expected[name], everyone, name)
@@ -527,9 +519,7 @@ async def test_everything_saved_is_found_after_a_restart(journal_path: Path) -> 
         assert await found(client, "durable", orderBy="date_desc") == [second["id"], first["id"]]
 
 
-async def test_two_servers_saving_into_one_journal_lose_nothing(
-    journal_path: Path, journal: JournalReader
-) -> None:
+async def test_two_servers_saving_into_one_journal_lose_nothing(journal_path: Path, journal: JournalReader) -> None:
     per_server = 50
     replies: dict[str, list[dict[str, Any]]] = {}
 

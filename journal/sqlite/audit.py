@@ -228,7 +228,6 @@ def events_between(
         yield from stored_events(conn, rows)
 
 
-
 def blob_if_any(conn: sqlite3.Connection, digest: str) -> bytes | None:
     row = conn.execute("SELECT content FROM blobs WHERE hash = ?", (digest,)).fetchone()
     return None if row is None else bytes(row[0])

@@ -70,9 +70,7 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
 
 def _connect(path: Path, busy_timeout: float, uri_mode: str | None) -> sqlite3.Connection:
     target = f"file:{_quote(path)}" + (f"?mode={uri_mode}" if uri_mode else "?mode=rw")
-    conn = sqlite3.connect(
-        target, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-    )
+    conn = sqlite3.connect(target, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA query_only = ON")
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")

@@ -90,9 +90,7 @@ class SqliteJournal:
                 raise JournalNotFound(f"no journal at {self.path}: check --journal / $TOOLBUS_JOURNAL")
             self._create_file()
         try:
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.DatabaseError as error:
             raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
         try:

@@ -31,9 +31,7 @@ async def list_tools(
     return types.ListToolsResult(tools=[NOOP])
 
 
-async def call_tool(
-    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-) -> types.CallToolResult:
+async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text='{"success":true}')])
 
 

@@ -159,9 +159,7 @@ def journal_schema_version() -> str:
         journal = SqliteJournal(Path(folder) / "schema.db")
         try:
             schema = journal.run_sync(
-                lambda conn: conn.execute(
-                    "SELECT type, name, sql FROM sqlite_master ORDER BY name"
-                ).fetchall()
+                lambda conn: conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
             )
         finally:
             journal.close()
