@@ -26,7 +26,7 @@ from toolbus.adapters.report import one_more, print_audit_table, print_history, 
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
 from toolbus.bus.commands import SQLITE_INT_MAX
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
-from toolbus.journal import editor_steps, parse_path_map, recoverable
+from toolbus.journal import EditorStep, editor_steps, parse_path_map, recoverable
 
 Runner = Callable[[argparse.Namespace, Settings], int]
 _json = msgspec.json.Encoder()
@@ -410,11 +410,17 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         for step in steps:
             print(f"would {step.describe()}")
-        print(f"{len(steps)} step{'s' if len(steps) != 1 else ''} to replay (dry run: nothing changed)")
+        print(f"{_steps(steps, settings)} to replay (dry run: nothing changed)")
         return 0
     from toolbus.adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
     replay_to_neovim(settings, settings.nvim, steps, lambda done: print(done, flush=True))
-    print(f"replayed {len(steps)} step{'s' if len(steps) != 1 else ''} to Neovim at {settings.nvim}")
+    print(f"replayed {_steps(steps, settings)} to Neovim at {settings.nvim}")
     return 0
+
+
+def _steps(steps: list[EditorStep], settings: Settings) -> str:
+    """How many steps, and from whose events when not everyone's."""
+    whose = _whose(settings)
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}" + (f" from {whose} events" if whose else "")

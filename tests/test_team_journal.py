@@ -221,6 +221,11 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     assert of_bob.returncode == 0 and "no saves or closes of this login's on laptop" in of_bob.stderr
     alices = cli("recover", str(saved_at), "--journal", team.url("bob"))
     assert alices.returncode == 2 and f"no event {saved_at} of this login's in the journal" in alices.stderr
+    # replay editor says the same: each login replays its own saves and closes
+    for login, steps in (("alice", "1 step"), ("bob", "0 steps")):
+        dry = cli("replay", "editor", "--dry-run", "--journal", team.url(login), "--host", "laptop")
+        assert dry.returncode == 0, dry.stderr
+        assert f"{steps} from this login's events to replay (dry run" in dry.stdout
 
 
 @pytest.mark.heavy
