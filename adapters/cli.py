@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -50,13 +51,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if group.split(BrokenPipeError)[1] is not None:
             raise
         return _reader_gone()
+    except OSError as error:
+        if error.errno not in _NO_ROOM:
+            raise
+        # `toolbus audit > /dev/full`, or `recover -o` on a full disk: said in one line.
+        where = f": {error.filename}" if error.filename else ""
+        print(f"toolbus {args.command}: cannot write{where}: {error.strerror}", file=sys.stderr)
+        _quiet_stdout()
+        return 1
     except KeyboardInterrupt:
         return 130
 
 
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def _reader_gone() -> int:
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+    _quiet_stdout()
     return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the exit's flush of what is left is quiet too."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,9 +87,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"toolbus {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the MCP server over stdio (what an agent starts)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the MCP server over stdio (what an agent starts)",
+        description="The MCP server an agent starts: MCP on stdin and stdout, logs on stderr. "
+        "Neovim is the one at --nvim, $TOOLBUS_NVIM or $NVIM, else a running Neovim found by its "
+        "default socket (the one whose working directory holds this one's, if several); without "
+        "one, the editor tools answer with an error and the memory tools work.",
+    )
     serve.set_defaults(run=run_serve)
-    doctor = commands.add_parser("doctor", help="show the Neovim and journal toolbus would use, and check them")
+    doctor = commands.add_parser(
+        "doctor",
+        help="show the Neovim and journal toolbus would use, and check them",
+        description="The Neovim and journal `toolbus serve` would use with these settings, and "
+        "whether each answers; exits non-zero, saying what to do, when something is wrong.",
+    )
     doctor.set_defaults(run=run_doctor)
     for sub in (serve, doctor):
         add_settings_arguments(sub)

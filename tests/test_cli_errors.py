@@ -316,3 +316,18 @@ def test_quiet_into_a_closed_pipe(journal: Path, command: list[str]) -> None:
     reader.stdout.close()  # as `head` does once it has its line, before toolbus writes
     _, err = reader.communicate(timeout=60)
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["doctor"], ["audit"], ["audit", "--json"]])
+def test_a_full_disk_under_stdout_is_one_line(recoverable_journal: tuple[Path, int], command: list[str]) -> None:
+    """`toolbus audit > /dev/full`: a one-line error and exit 1, not a traceback."""
+    import subprocess
+    import sys
+
+    journal, _ = recoverable_journal
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", *command, "--journal", str(journal)]
+    with open("/dev/full", "wb") as full:
+        run = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, timeout=60, text=True)
+    assert run.returncode == 1
+    assert run.stderr == f"toolbus {command[0]}: cannot write: No space left on device\n"
