@@ -276,8 +276,10 @@ async def test_without_any_neovim_configured_the_error_says_what_to_do(
     with anyio.fail_after(30):
         async with toolbus(journal_path, None, mode=mode, env=env) as client:
             result = await client.call_tool("getOpenEditors", {})
+            saved = await client.call_tool("save", {"title": "no editor", "text": "the memory needs none"})
     assert result.is_error
     assert "No Neovim found" in text_of(result) and "--nvim" in text_of(result)
+    assert not saved.is_error and json_of(saved)["success"] is True
 
 
 async def test_after_neovim_restarts_the_next_call_works(client: Client, nvim: NeovimProcess, files: Path) -> None:
