@@ -47,6 +47,7 @@ class NeovimProcess:
         self.start()
 
     def start(self) -> None:
+        assert NVIM is not None  # as __init__ checked
         if os.path.exists(self.address):
             os.unlink(self.address)
         self.process = subprocess.Popen(
@@ -194,7 +195,7 @@ async def toolbus(
     mode: str = "auto",
     env: dict[str, str] | None = None,
 ) -> AsyncIterator[Client]:
-    async with Client(server_params(journal, nvim_address, *extra, env=env), mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server_params(journal, nvim_address, *extra, env=env), mode=mode) as client:
         yield client
 
 

@@ -129,7 +129,7 @@ class JournalContract:
     `open_reader` and `memory_store` for the backend."""
 
     # For writers in other processes: a module-level function `location -> writer`.
-    writer_factory: ClassVar[Callable[[str], JournalWriter]]
+    writer_factory: ClassVar[staticmethod[[str], JournalWriter]]
 
     @pytest.fixture
     def location(self, tmp_path: Path) -> str:

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, toolbus
-from toolbus.bus import CommandRecord, JournalUnavailable, Status
+from toolbus.bus import CommandRecord, Event, JournalUnavailable, Status
 from toolbus.journal import SqliteJournal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,3 +117,9 @@ class OutcomesFail:
 
     async def finish(self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any) -> list[int]:
         raise JournalUnavailable("disk full")
+
+    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+        return await self.journal.append(command_id, events, blobs)
+
+    async def settle_abandoned(self, host: str) -> int:
+        return await self.journal.settle_abandoned(host)

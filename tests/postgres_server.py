@@ -26,11 +26,11 @@ def server_url() -> str:
     """A superuser's URL for the cluster the tests use."""
     if url := os.environ.get("TOOLBUS_TEST_POSTGRES"):
         return url
-    import pgserver  # only when no server is given
+    from pgserver.postgres_server import get_server  # only when no server is given
 
     # A short directory: the server's Unix socket path must fit in 107 bytes.
     root = tempfile.mkdtemp(prefix="tbpg")
-    server = pgserver.get_server(root, cleanup_mode="stop")
+    server = get_server(root, cleanup_mode="stop")
     atexit.register(server.cleanup)
     return str(server.get_uri())
 

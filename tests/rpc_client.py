@@ -196,7 +196,7 @@ class StdioServer:
             self.process.wait(timeout=10)
         if self.process.stdout:
             self.process.stdout.close()
-        if self._stderr is not subprocess.DEVNULL:
+        if not isinstance(self._stderr, int):  # our file, not DEVNULL
             self._stderr.close()
         return self.process.returncode
 

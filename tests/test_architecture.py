@@ -41,10 +41,13 @@ def test_import_contracts_hold(tmp_path: Path) -> None:
 
 
 def test_the_code_type_checks_strictly(tmp_path: Path) -> None:
-    """mypy --strict (pyproject.toml) over the four packages finds nothing."""
+    """mypy --strict (pyproject.toml) over the four packages and tests/ (benchmarks too) finds nothing."""
+    folder = _toolbus_folder(tmp_path)
+    (folder / "tests").symlink_to(ROOT / "tests")
     packages = [arg for name in PACKAGES for arg in ("-p", f"toolbus.{name}")]
+    packages += ["-p", "tests"]
     args = ["--config-file", str(ROOT / "pyproject.toml"), "--python-executable", sys.executable, *packages]
-    run = _run_tool("mypy", args, _toolbus_folder(tmp_path))
+    run = _run_tool("mypy", args, folder)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Success: no issues found in" in run.stdout
 

@@ -12,11 +12,13 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.journal_helpers import EditorSession, cli, record_editor_session
-from toolbus.journal.sqlite.audit import AuditQuery, _command_sql, _driving_column
+from toolbus.bus import AuditQuery
+from toolbus.journal.sqlite.audit import _command_sql, _driving_column
 from toolbus.journal.sqlite.readonly import open_readonly
 
 JSON_FIELDS = {
@@ -58,7 +60,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EditorSession]
     yield recorded
 
 
-def audit(session: EditorSession, *args: str) -> list[dict]:
+def audit(session: EditorSession, *args: str) -> list[dict[str, Any]]:
     run = cli("audit", "--journal", session.journal, "--json", *args)
     assert run.code == 0, run.err
     return run.json_lines()
@@ -288,13 +290,14 @@ def doc_examples() -> list[str]:
     return re.findall(r"```sql\n(.*?)```", SCHEMA_DOC.read_text(), re.DOTALL)
 
 
-def sqlite_utils_query(journal: Path, sql: str, **params: str) -> list[dict]:
+def sqlite_utils_query(journal: Path, sql: str, **params: str) -> list[dict[str, Any]]:
     args = [str(SQLITE_UTILS), "query", str(journal), sql]
     for name, value in params.items():
         args += ["-p", name, value]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
 
 
 def test_schema_doc_examples_run_in_sqlite_utils(session: EditorSession, tmp_path: Path) -> None:

@@ -364,7 +364,7 @@ async def test_discovery_prefers_the_neovim_working_in_the_agents_directory(
         params = server_params(journal_path, None, env=env)
         params.cwd = str(files)
         with anyio.fail_after(30):
-            async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
+            async with Client(params, mode=mode) as client:
                 reply = json_of(await client.call_tool("getOpenEditors", {}))
         assert [tab["label"] for tab in reply["tabs"]] == ["ours.py"]
     finally:

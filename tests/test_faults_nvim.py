@@ -46,7 +46,8 @@ def attach_ui(nvim: NeovimProcess) -> None:
 
 
 def usable(nvim: NeovimProcess) -> bool:
-    return nvim.call(lambda n: n.eval("1 + 1"), timeout=10) == 2
+    answer: object = nvim.call(lambda n: n.eval("1 + 1"), timeout=10)
+    return answer == 2
 
 
 async def wait_for_write_ahead(journal: Path, tool: str) -> None:

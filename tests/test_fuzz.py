@@ -355,6 +355,7 @@ def _surrogate_calls(known_bad: bool) -> list[tuple[str, dict[str, Any]]]:
 async def _answer_in_process(tmp_path: Path, journal_path: Path, calls: list[tuple[str, dict[str, Any]]]) -> None:
     import anyio
     from mcp import Client
+    from mcp.types import TextContent
 
     from toolbus.adapters.bootstrap import build_bus, open_writer
     from toolbus.adapters.config import Settings
@@ -377,6 +378,7 @@ async def _answer_in_process(tmp_path: Path, journal_path: Path, calls: list[tup
                 for tool, arguments in calls:
                     result = await client.call_tool(tool, arguments)
                     [content] = result.content
+                    assert isinstance(content, TextContent)
                     assert content.text, (tool, arguments)
                     if not result.is_error and tool != "close_tab":
                         json.loads(content.text)

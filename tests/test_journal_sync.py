@@ -35,6 +35,7 @@ from toolbus.bus import (
 from toolbus.handlers import HANDLERS, SaveOutcome, SaveTarget, TabMatch
 from toolbus.journal.sqlite import SqliteJournal, store
 from toolbus.journal.sqlite.store import _Checkpointer
+from toolbus.journal.worker import Worker
 
 JOURNAL_THREAD = "toolbus-journal"  # where the bus's commits run: syncs there delay an answer
 CALLER = Caller(agent="test")
@@ -122,7 +123,7 @@ def test_a_read_is_committed_by_its_caller_without_the_journal_thread(
     def no_hop(*args: object) -> None:
         raise AssertionError("a read's record went to the journal's thread")
 
-    monkeypatch.setattr(store.Worker, "submit", no_hop)
+    monkeypatch.setattr(Worker, "submit", no_hop)
     try:
         for _ in range(2):  # the second on the connection the first opened
             anyio.run(journal.finish, record("search", changes=False), None, "ok")
@@ -177,13 +178,13 @@ def test_only_a_change_that_waits_for_no_disk_and_writes_little_skips_the_journa
 ) -> None:
     assert store.AT_ONCE_BYTES < 1 << 17
     submitted: list[object] = []
-    submit = store.Worker.submit
+    submit = Worker.submit
 
-    def spy(self: store.Worker, *args: Any) -> Any:
+    def spy(self: Worker, *args: Any) -> Any:
         submitted.append(args)
         return submit(self, *args)
 
-    monkeypatch.setattr(store.Worker, "submit", spy)
+    monkeypatch.setattr(Worker, "submit", spy)
     text = b"x" * size
     journal = SqliteJournal(path, synchronous=synchronous)
     try:

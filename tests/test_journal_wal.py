@@ -8,6 +8,7 @@ checkpoint and each commit extends the file.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 from toolbus.bus import Caller, CommandRecord, DocumentSaved
@@ -48,7 +49,7 @@ def test_steady_commits_keep_restarting_the_wal(tmp_path: Path) -> None:
     try:
         salt = b""
         for index in range(COMMITS):
-            journal.run_sync(lambda conn, index=index: journal.record_many_sync(conn, [_save(index)]))
+            journal.run_sync(partial(journal.record_many_sync, outcomes=[_save(index)]))
             if (now := _salt(wal)) != salt:
                 restarts, salt = restarts + 1, now
             largest = max(largest, wal.stat().st_size // PAGE)

@@ -357,7 +357,7 @@ async def test_search_filters_pages_and_orders(journal_path: Path, journal: Jour
         assert (await call(client, "search", dateEnd="2001-09-09"))["total"] == 0
         assert (await call(client, "search", query="zebra", dateStart="2001-09-09T01:46:40Z"))["total"] == 3
 
-        for arguments, field in [
+        invalid: list[tuple[dict[str, object], str]] = [
             ({"limit": 101}, "limit"),
             ({"limit": 0}, "limit"),
             ({"offset": -1}, "offset"),
@@ -365,7 +365,8 @@ async def test_search_filters_pages_and_orders(journal_path: Path, journal: Jour
             ({"type": "bugfix,idea"}, "type: expected one or a comma list of decision, bugfix"),
             ({"dateStart": "last tuesday"}, "dateStart: expected an ISO date"),
             ({"query": 42}, "query"),
-        ]:
+        ]
+        for arguments, field in invalid:
             result = await client.call_tool("search", arguments)
             assert result.is_error and field in text_of(result), (arguments, text_of(result))
     # Checked by msgspec or by the handler, bad arguments are recorded alike: rejected.

@@ -7,6 +7,7 @@ import gc
 import random
 import sqlite3
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSave
 from toolbus.bus.queries import SearchPage, SearchQuery, TimelineQuery
 from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
-from toolbus.journal.search_text import tokens
+from toolbus.journal.search_text import searchable, tokens
 from toolbus.journal.sqlite import memory as store
 from toolbus.journal.sqlite.memory import (
     AudienceMarks,
@@ -25,7 +26,6 @@ from toolbus.journal.sqlite.memory import (
     match_expression,
     reset_memory_tables,
     search_sync,
-    searchable,
     timeline_sync,
 )
 from toolbus.journal.sqlite.replay import check_memory, rebuild_memory
@@ -189,16 +189,16 @@ class Memory:
         )
         return position
 
-    def search(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
+    def search(self, viewer: Caller = ANYONE, /, **query: Any) -> list[int]:
         return [row.id for row in self.page(viewer, **query).results]
 
-    def total(self, viewer: Caller = ANYONE, **query: Any) -> int:
+    def total(self, viewer: Caller = ANYONE, /, **query: Any) -> int:
         return self.page(viewer, **query).total
 
-    def page(self, viewer: Caller = ANYONE, **query: Any) -> SearchPage:
+    def page(self, viewer: Caller = ANYONE, /, **query: Any) -> SearchPage:
         return self.journal.run_sync(lambda conn: search_sync(conn, SearchQuery(**query), viewer, self.marks))
 
-    def timeline(self, viewer: Caller = ANYONE, **query: Any) -> list[int]:
+    def timeline(self, viewer: Caller = ANYONE, /, **query: Any) -> list[int]:
         page = self.journal.run_sync(lambda conn: timeline_sync(conn, TimelineQuery(**query), viewer, self.marks))
         return [row.id for row in page.results]
 
@@ -274,7 +274,7 @@ def test_the_store_is_rebuilt_from_events_alone(memory: Memory) -> None:
                 memory.search(viewer, limit=2, offset=1),
                 memory.total(viewer, limit=1),
                 memory.timeline(viewer, text="fact 5"),
-                memory.journal.run_sync(lambda conn, v=viewer: get_observations_sync(conn, list(range(14)), v)),
+                memory.journal.run_sync(partial(get_observations_sync, ids=list(range(14)), viewer=viewer)),
             )
             for viewer in viewers
         ]
@@ -337,11 +337,16 @@ def test_a_rebuilt_store_equals_the_one_written_live(memory: Memory) -> None:
         memory.journal.run_sync(lambda conn: memory.journal.finish_sync(conn, record, None, "ok", events=events))
 
     viewers = [ANYONE, Caller(agent="writer", department="d"), Caller(agent="x", department="e")]
-    queries = [{"text": "apple 数据库"}, {"text": '"pear plum"', "limit": 100}, {"text": "cafe"}, {"limit": 5}]
+    queries: list[dict[str, Any]] = [
+        {"text": "apple 数据库"},
+        {"text": '"pear plum"', "limit": 100},
+        {"text": "cafe"},
+        {"limit": 5},
+    ]
 
     def answers() -> list[Any]:
         return [
-            memory.journal.run_sync(lambda conn, q=q, v=v: search_sync(conn, SearchQuery(**q), v))
+            memory.journal.run_sync(partial(search_sync, query=SearchQuery(**q), viewer=v))
             for q in queries
             for v in viewers
         ]
@@ -431,6 +436,10 @@ def test_hidden_notes_never_change_what_a_caller_observes(memory: Memory, seed: 
     assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == before
 
 
+def _trace_into(statements: list[str], conn: sqlite3.Connection) -> None:
+    conn.set_trace_callback(statements.append)
+
+
 def test_marks_of_what_each_caller_may_see_answer_as_the_audience_table(tmp_path: Path) -> None:
     """A search of words by relevance checks its matches against the caller's marks, kept in
     step with observations another process saves: the same pages, totals and anchors as
@@ -454,7 +463,7 @@ def test_marks_of_what_each_caller_may_see_answer_as_the_audience_table(tmp_path
     assert [_answers(memory, viewer, text) for viewer in viewers for text in queries] == marked
     for order_by, audience_read in (("relevance", False), ("date_desc", True)):  # by date: its times
         statements: list[str] = []
-        memory.journal.run_sync(lambda conn, traced=statements: conn.set_trace_callback(traced.append))
+        memory.journal.run_sync(partial(_trace_into, statements))
         assert memory.total(text="apple", order_by=order_by) > 0
         matched = [sql for sql in statements if "MATCH" in sql]
         assert matched and all(("observation_audience" in sql) == audience_read for sql in matched), matched
@@ -508,7 +517,7 @@ def test_pages_read_by_score_level_equal_the_whole_ranking(
         memory.add(f"untitled {i}", JAN_1 + i, text=f"quince {i}")
     _hide(memory, rng, ["apple", "pear", "plum", "fsync", "quince"], 20)
     viewers = [ANYONE, Caller(agent="writer", department="d"), HIDDEN]
-    queries = [
+    queries: list[dict[str, str | tuple[str, ...]]] = [
         {"text": t} for t in ("apple", "apple pear", '"pear plum"', "数据库 apple", "pl* fsync", "apple pear plum")
     ]
     queries.append({"text": "apple pear plum fsync"})  # too many phrases for levels: all its matches ranked
@@ -629,6 +638,10 @@ def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:
 # --- what a search reads ----------------------------------------------------------------------
 
 
+def _query_plan(sql: str, conn: sqlite3.Connection) -> list[Any]:
+    return conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall()
+
+
 @pytest.mark.parametrize(
     "query",
     [
@@ -659,7 +672,7 @@ def test_a_search_checks_its_matches_on_the_narrow_table_and_reads_rows_only_to_
     joined = [sql for sql in statements if "MATCH" in sql and "JOIN" in sql]  # the words' matches, checked
     assert joined
     for sql in joined:
-        steps = memory.journal.run_sync(lambda conn, sql=sql: conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+        steps = memory.journal.run_sync(partial(_query_plan, sql))
         plan = " | ".join(step[3] for step in steps)
         assert "CROSS JOIN observation_audience o ON" in sql and "SEARCH o USING INTEGER PRIMARY KEY" in plan, plan
         assert ("SEARCH r USING INTEGER PRIMARY KEY" in plan) == ("project" in query), plan

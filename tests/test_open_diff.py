@@ -78,7 +78,10 @@ def propose(server: StdioServer, path: Path, text: str, tab: str, meta: dict[str
 
 def shown(nvim: NeovimProcess) -> str:
     """Wait until the proposal's window is current (the user can act); its buffer's name."""
-    name = lambda: nvim.lua("return vim.api.nvim_buf_get_name(0)")  # noqa: E731
+
+    def name() -> Any:
+        return nvim.lua("return vim.api.nvim_buf_get_name(0)")
+
     return str(wait_until(lambda: "(proposed)" in name() and name(), "the diff view opened"))
 
 

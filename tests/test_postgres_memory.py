@@ -64,7 +64,7 @@ class Stores:
         lite.apply_observation(self.lite, self.position, event)
         return self.position
 
-    def page(self, viewer: Caller = CLAUDE, **query: Any) -> SearchPage:
+    def page(self, viewer: Caller = CLAUDE, /, **query: Any) -> SearchPage:
         asked = SearchQuery(**query)
         found = search_sync(self.pg, asked, viewer)
         assert found == lite.search_sync(self.lite, asked, viewer), asked
@@ -79,7 +79,7 @@ class Stores:
         assert found.total == len(found.results)
         return sorted(row.title for row in found.results)
 
-    def timeline(self, viewer: Caller = CLAUDE, **query: Any) -> list[int]:
+    def timeline(self, viewer: Caller = CLAUDE, /, **query: Any) -> list[int]:
         asked = TimelineQuery(**query)
         found = timeline_sync(self.pg, asked, viewer)
         assert found == lite.timeline_sync(self.lite, asked, viewer), asked
@@ -224,14 +224,15 @@ def test_filters_paging_and_total(stores: Stores) -> None:
             project="p" if i % 2 else "q",
             type=("bugfix", "feature", "discovery")[i % 3],
         )
-    for query in [
+    queries: list[dict[str, object]] = [
         {"text": "common", "project": "p"},
         {"text": "common", "types": ("bugfix", "feature")},
         {"text": "common", "start_ms": JAN_1 + 3000, "end_ms": JAN_1 + 6000},
         {"text": "common rare"},
         {"text": None, "project": "q", "types": ("discovery",)},
         {"text": None, "start_ms": JAN_1 + 8000},
-    ]:
+    ]
+    for query in queries:
         for order_by in ("relevance", "date_desc", "date_asc"):
             whole = stores.page(**query, order_by=order_by, limit=100)
             assert whole.total == len(whole.results) > 0

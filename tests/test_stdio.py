@@ -198,9 +198,8 @@ def test_serve_answers_on_a_socket_shared_by_stdin_and_stdout(tmp_path: Path) ->
     """inetd and socat give one socket as both: the SDK's own streams serve it."""
     client, server_end = socket.socketpair()
     with client, server_end:
-        server = subprocess.Popen(
-            toolbus_argv(tmp_path / "journal.db"), stdin=server_end, stdout=server_end, env=clean_env()
-        )
+        end = server_end.fileno()  # what Popen takes of a socket
+        server = subprocess.Popen(toolbus_argv(tmp_path / "journal.db"), stdin=end, stdout=end, env=clean_env())
         server_end.close()
         client.settimeout(30)
         answers = client.makefile("rb")

@@ -231,9 +231,10 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
 @pytest.mark.heavy
 async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: Path) -> None:
     import pgserver
+    from pgserver.postgres_server import get_server
 
     # A server of its own, which this test stops and starts.
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="stop")
+    server = get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="stop")
     admin_url = str(server.get_uri())
     with connect(admin_url) as conn:
         init_schema(conn)
@@ -243,7 +244,8 @@ async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: P
     try:
         async with toolbus(url, None) as client:
             assert not (await client.call_tool("save", {"title": "before", "text": "x"})).is_error
-            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+            # pg_ctl is made at import, one function per PostgreSQL program: no type information.
+            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
             with anyio.fail_after(20):
                 result = await client.call_tool("save", {"title": "during", "text": "x"})
             assert result.is_error and "team journal" in text_of(result)

@@ -52,7 +52,7 @@ def _report_read(ctx: Context, tool: str, samples: dict[str, Samples]) -> None:
 
 def _diff_pairs(toolbus: StdioServer, noop: StdioServer, path: str, rounds: int, calls: int) -> dict[str, Samples]:
     proposal = {"old_file_path": path, "new_file_path": path, "new_file_contents": "print('bye')\n", "tab_name": "b"}
-    pairs = {
+    pairs: dict[str, tuple[StdioServer, tuple[str, dict[str, str]], tuple[str, dict[str, str]]]] = {
         "openDiff": (toolbus, ("openDiff", proposal), ("closeAllDiffTabs", {})),
         "noop": (noop, ("noop", {}), ("noop", {})),
     }

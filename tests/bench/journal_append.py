@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def _measure(
     def toolbus_block() -> None:
         for _ in range(transactions):
             outcomes = [next(commands) for _ in range(batch)]
-            journal.run_sync(lambda conn, outcomes=outcomes: journal.record_many_sync(conn, outcomes))
+            journal.run_sync(partial(journal.record_many_sync, outcomes=outcomes))
 
     def recorder_block(
         recorder: EventsourcingRecorder, with_command: bool, per_file: bool = False

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-Value = float | int | str | bool | None | dict[str, Any] | list[Any]
+# What JSON can hold. Figures take any mapping of it, so a dict[str, float] is a fine measurement.
+Value = float | int | str | bool | None | Mapping[str, "Value"] | Sequence["Value"]
 
 
 @dataclass
@@ -19,15 +21,15 @@ class Figure:
     summary: str  # one line for the table: what was measured, e.g. "p50 2.01 ms, p99 3.2 ms"
     target: str  # the target as the issue states it
     met: bool | None  # None: nothing to compare (skipped, or informational)
-    measured: dict[str, Value] = field(default_factory=dict)
-    baseline: dict[str, Value] = field(default_factory=dict)
+    measured: Mapping[str, Value] = field(default_factory=dict)
+    baseline: Mapping[str, Value] = field(default_factory=dict)
     note: str = ""
 
 
 @dataclass
 class Report:
     settings: dict[str, Value]
-    environment: dict[str, Value]
+    environment: Mapping[str, Value]
     figures: list[Figure] = field(default_factory=list)
 
     def add(self, figure: Figure) -> Figure:

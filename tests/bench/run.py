@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.bench import editor, history, ide, journal_append, peer, startup, team
 from tests.bench.context import Context, Options
-from tests.bench.report import Report
+from tests.bench.report import Report, Value
 
 
 def _editor(ctx: Context) -> None:
@@ -77,7 +77,7 @@ def options_from(args: argparse.Namespace) -> Options:
     )
 
 
-def environment() -> dict[str, object]:
+def environment() -> dict[str, Value]:
     versions = {name: _version(name) for name in ("mcp", "pynvim", "msgspec", "eventsourcing", "nvim-mcp")}
     return {
         "python": platform.python_version(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,10 @@ def start_to_initialize(ctx: Context) -> None:
     serve: list[float] = []
     imports: list[float] = []
     for index in range(ctx.options.startups):
-        pair = [("serve", lambda: _serve_until_initialized(journal, stderr)), ("import", _import_mcp)]
+        pair: list[tuple[str, Callable[[], float]]] = [
+            ("serve", lambda: _serve_until_initialized(journal, stderr)),
+            ("import", _import_mcp),
+        ]
         for name, measure in pair if index % 2 == 0 else pair[::-1]:
             (serve if name == "serve" else imports).append(measure())
     excess = median([s - i for s, i in zip(serve, imports, strict=True)])

@@ -16,11 +16,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from toolbus.bus import Caller, CommandRecord, DocumentSaved, Event, ObservationSaved, TabClosed
 from toolbus.journal import SqliteJournal
-from toolbus.journal.sqlite.store import Outcome
+from toolbus.journal.rows import Outcome
 
 GENERATOR_VERSION = 2
 SEED = 20260728
@@ -143,7 +144,7 @@ def fill(journal: SqliteJournal, source: Iterator[Outcome], count: int, label: s
     started = time.monotonic()
     while done < count:
         batch = [next(source) for _ in range(min(BATCH, count - done))]
-        journal.run_sync(lambda conn, batch=batch: journal.record_many_sync(conn, batch))
+        journal.run_sync(partial(journal.record_many_sync, outcomes=batch))
         done += len(batch)
         if done % (BATCH * 50) == 0 or done == count:
             rate = done / max(time.monotonic() - started, 1e-9)
