@@ -1,8 +1,9 @@
 """`toolbus demo`: toolbus at work for a newcomer, on a private headless Neovim.
 
-It plays both sides: the user (editing in Neovim, through pynvim) and the agent (calling
-tools on a real `toolbus serve` through `mcp.Client` over stdio). Then it reads the journal
-back — the audit table, a file's history, and the unsaved text a close discarded, recovered.
+It plays both sides: the user (editing in Neovim, through pynvim, and deciding on the agent's
+diffs there) and the agent (calling tools on a real `toolbus serve` through `mcp.Client` over
+stdio). Then it reads the journal back — the audit table, a file's history, and the unsaved
+text a close discarded, recovered.
 Everything lives in a temporary directory (its own XDG_STATE_HOME, so the real journal is
 never touched), removed at the end unless `--keep`.
 """
@@ -39,7 +40,8 @@ def add_demo(commands: argparse._SubParsersAction[Any]) -> None:
         "demo",
         help="see toolbus work: a private headless Neovim, an agent's tool calls, the journal",
         description="Start a headless Neovim and `toolbus serve` in a temporary directory, make the "
-        "tool calls an agent would, then show the audit trail and recover discarded text.",
+        "tool calls an agent would (the user deciding on its diffs), then show the audit trail and "
+        "recover discarded text.",
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory to explore")
     demo.set_defaults(run=run_demo)
@@ -155,18 +157,35 @@ async def _agent_session(stage: Stage) -> None:
     with anyio.fail_after(STEP_TIMEOUT * 4):
         async with Client(server) as client:
 
-            async def agent(tool: str, arguments: dict[str, Any]) -> Any:
+            async def agent(tool: str, arguments: dict[str, Any]) -> None:
                 say(f"[agent] {tool} {json.dumps(arguments, ensure_ascii=False)}")
                 result = await client.call_tool(tool, arguments)
-                text = "".join(getattr(part, "text", "") for part in result.content)
-                say(textwrap.indent(_pretty(text), "        → "))
-                return text
+                first, *more = [getattr(part, "text", "") for part in result.content] or [""]
+                say(f"        → {_pretty(first)}")
+                for text in more:  # openDiff's second item: the text written
+                    say(textwrap.indent(text.rstrip("\n"), "          "))
+
+            async def propose(text: str, tab_name: str, decision: str, decide: Callable[[Any], Any]) -> None:
+                """openDiff on hello.py, which waits while the user decides in Neovim."""
+                arguments = {"old_file_path": str(hello), "new_file_path": str(hello)}
+                arguments |= {"new_file_contents": text, "tab_name": tab_name}
+                async with anyio.create_task_group() as both:
+                    both.start_soon(user, decision, lambda n: decide(_proposal_shown(n)))
+                    await agent("openDiff", arguments)
 
             await user(f"opens {hello.name} and {notes.name}", lambda n: _open(n, hello, notes))
             await user(f"changes {hello.name}, does not save", lambda n: _set(n, hello, ["print('hello, toolbus')"]))
             await agent("getOpenEditors", {})
             await agent("checkDocumentDirty", {"filePath": str(hello)})
             await agent("saveDocument", {"filePath": str(hello)})
+            await propose(
+                "print('hello, toolbus')\nprint('bye')\n",
+                "farewell",
+                "edits the proposal ('bye' becomes 'goodbye') and accepts it: :w",
+                lambda n: _write_proposal(n, ["print('hello, toolbus')", "print('goodbye')"]),
+            )
+            await propose("print('hi')\n", "shorter", "rejects the next proposal: :q", lambda n: n.command("quit"))
+            say("        (the journal keeps the rejected proposal)")
             await user(f"writes a to-do in {notes.name}, does not save", lambda n: _set(n, notes, _TODO))
             await agent("close_tab", {"tab_name": notes.name})
             say(f"        ({notes.name} had unsaved text: the journal kept it)")
@@ -175,7 +194,8 @@ async def _agent_session(stage: Stage) -> None:
                 "save",
                 {
                     "title": "Greeting now names toolbus",
-                    "text": "hello.py prints 'hello, toolbus'; the to-do list in notes.md was closed unsaved.",
+                    "text": "hello.py greets toolbus and says goodbye (an accepted diff); "
+                    "the to-do list in notes.md was closed unsaved.",
                     "type": "change",
                     "project": "demo",
                     "concepts": ["greeting"],
@@ -197,6 +217,21 @@ def _set(nvim: Any, path: Path, lines: list[str]) -> None:
     nvim.current.buffer[:] = lines
 
 
+def _proposal_shown(nvim: Any) -> Any:
+    """Wait until openDiff's view is up, the cursor in the proposal (as the user sees it)."""
+    deadline = time.monotonic() + STEP_TIMEOUT
+    while "(proposed)" not in nvim.current.buffer.name:
+        if time.monotonic() > deadline:
+            raise RuntimeError("openDiff's view did not open in Neovim")
+        time.sleep(0.02)
+    return nvim
+
+
+def _write_proposal(nvim: Any, lines: list[str]) -> None:
+    nvim.current.buffer[:] = lines
+    nvim.command("write")
+
+
 def _pretty(text: str) -> str:
     try:
         value = json.loads(text)
@@ -214,12 +249,12 @@ def _show_journal(stage: Stage) -> None:
     with _reading(stage) as reader:
         say(f"\nThe journal ({stage.journal}) — `toolbus audit`, newest first:\n")
         print_audit_table(reader.audit(AuditQuery(limit=None)))
-        notes = stage.project / "notes.md"
-        say(f"\nThe story of {notes.name} — `toolbus history {notes}`:\n")
-        print_history(reader, str(notes), host=this_host())  # as `toolbus history` shows it
+        hello = stage.project / "hello.py"
+        say(f"\nThe story of {hello.name} — `toolbus history {hello}`:\n")
+        print_history(reader, str(hello), host=this_host())  # as `toolbus history` shows it
         [closed] = reader.events(["TabClosed"])
         found = recoverable(reader, closed)
-    say(f"\nThe text that close discarded — `toolbus recover {closed.position}`:\n")
+    say(f"\nThe text the close of notes.md discarded — `toolbus recover {closed.position}`:\n")
     say(textwrap.indent(found.content.decode(errors="replace"), "    "))
     _recover(stage, found, closed.position)
 

@@ -21,14 +21,19 @@ def test_demo_shows_tool_calls_the_audit_and_a_recovered_text() -> None:
     for expected in (
         '"isDirty": true',
         '"message": "Document saved successfully"',
+        "→ FILE_SAVED\n          print('hello, toolbus')\n          print('goodbye')\n",  # as the user edited it
+        "→ DIFF_REJECTED",
         "→ TAB_CLOSED",
         'expected an absolute path, got "hello.py"',
         '"title": "Greeting now names toolbus"',  # found by search
         "TIME (UTC)",
         "@1 saved 24 B, replaced 15 B",
-        "@2 closed, discarded 57 B unsaved",
+        "@3 diff accepted, edited by the user: saved 41 B, replaced 24 B",
+        "@5 diff rejected by the user",
+        "12 B proposal, rejected",  # hello.py's history: the rejected proposal is recoverable
+        "@6 closed, discarded 57 B unsaved",
         "    - [ ] write the tests first",
-        "@4 restored 57 B from @2",
+        "@8 restored 57 B from @6",
     ):
         assert expected in out, expected
     assert "Traceback" not in run.err
