@@ -32,18 +32,26 @@ class UsageError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version or a usage error, printed by argparse
+        return _flush_stdout(stop.code if isinstance(stop.code, int) else 1, "toolbus")
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
         format="toolbus: %(levelname)s %(name)s: %(message)s",
     )
+    return _flush_stdout(_run(args), f"toolbus {args.command}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = f"toolbus {args.command}"
     try:
         settings = settings_from(args)
         runner: Runner = args.run
         return runner(args, settings)
     except (UsageError, ToolbusError, ValueError) as error:
-        print(f"toolbus {args.command}: {error}", file=sys.stderr)
+        print(f"{command}: {error}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
         return _reader_gone()
@@ -54,16 +62,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         if error.errno not in _NO_ROOM:
             raise
-        # `toolbus audit > /dev/full`, or `recover -o` on a full disk: said in one line.
-        where = f": {error.filename}" if error.filename else ""
-        print(f"toolbus {args.command}: cannot write{where}: {error.strerror}", file=sys.stderr)
-        _quiet_stdout()
-        return 1
+        return _no_room(command, error)
     except KeyboardInterrupt:
         return 130
 
 
+def _flush_stdout(code: int, command: str) -> int:
+    """Write what stdout still holds here, not at exit, where a closed pipe or a full disk
+    would be a complaint from the interpreter and exit code 120."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+    except OSError as error:
+        if error.errno not in _NO_ROOM:
+            raise
+        return _no_room(command, error)
+    return code
+
+
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _no_room(command: str, error: OSError) -> int:
+    """`toolbus audit > /dev/full`: one line, exit 1. (Files toolbus writes say so themselves:
+    the journal's disk, `recover -o`.)"""
+    what = error.filename or "its output"
+    print(f"{command}: cannot write {what}: {error.strerror}", file=sys.stderr)
+    _quiet_stdout()
+    return 1
 
 
 def _reader_gone() -> int:
@@ -92,8 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         help="run the MCP server over stdio (what an agent starts)",
         description="The MCP server an agent starts: MCP on stdin and stdout, logs on stderr. "
         "Neovim is the one at --nvim, $TOOLBUS_NVIM or $NVIM, else a running Neovim found by its "
-        "default socket (the one whose working directory holds this one's, if several); without "
-        "one, the editor tools answer with an error and the memory tools work.",
+        "default socket (of several, the newest whose working directory holds this one's, else the "
+        "newest); without one, the editor tools answer with an error and the memory tools work.",
     )
     serve.set_defaults(run=run_serve)
     doctor = commands.add_parser(
