@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,21 +158,30 @@ async def _agent_session(stage: Stage) -> None:
     with anyio.fail_after(STEP_TIMEOUT * 4):
         async with Client(server) as client:
 
-            async def agent(tool: str, arguments: dict[str, Any]) -> None:
+            async def agent(tool: str, arguments: dict[str, Any]) -> bool:
+                """Call the tool and show its answer; whether it answered isError."""
                 say(f"[agent] {tool} {json.dumps(arguments, ensure_ascii=False)}")
                 result = await client.call_tool(tool, arguments)
                 first, *more = [getattr(part, "text", "") for part in result.content] or [""]
-                say(f"        → {_pretty(first)}")
-                for text in more:  # openDiff's second item: the text written
-                    say(textwrap.indent(text.rstrip("\n"), "          "))
+                if first == "FILE_SAVED":  # openDiff's second item: the text written
+                    say(f"        → {first}\n" + textwrap.indent(more[0].rstrip("\n"), "          "))
+                else:  # DIFF_REJECTED's: the tab name
+                    say(f"        → {' '.join([_pretty(first), *more])}")
+                return bool(result.is_error)
 
             async def propose(text: str, tab_name: str, decision: str, decide: Callable[[Any], Any]) -> None:
                 """openDiff on hello.py, which waits while the user decides in Neovim."""
                 arguments = {"old_file_path": str(hello), "new_file_path": str(hello)}
                 arguments |= {"new_file_contents": text, "tab_name": tab_name}
+                answered = threading.Event()  # the user stops waiting for a view that never opens
                 async with anyio.create_task_group() as both:
-                    both.start_soon(user, decision, lambda n: decide(_proposal_shown(n)))
-                    await agent("openDiff", arguments)
+                    both.start_soon(user, decision, lambda n: _proposal_shown(n, answered) and decide(n))
+                    try:
+                        failed = await agent("openDiff", arguments)
+                    finally:
+                        answered.set()
+                if failed:
+                    raise RuntimeError(f"openDiff failed on {hello}: the demo cannot go on")
 
             await user(f"opens {hello.name} and {notes.name}", lambda n: _open(n, hello, notes))
             await user(f"changes {hello.name}, does not save", lambda n: _set(n, hello, ["print('hello, toolbus')"]))
@@ -217,14 +227,17 @@ def _set(nvim: Any, path: Path, lines: list[str]) -> None:
     nvim.current.buffer[:] = lines
 
 
-def _proposal_shown(nvim: Any) -> Any:
-    """Wait until openDiff's view is up, the cursor in the proposal (as the user sees it)."""
+def _proposal_shown(nvim: Any, answered: threading.Event) -> bool:
+    """Wait until openDiff's view is up, the cursor in the proposal (as the user sees it);
+    False if the call was answered first (it opened none)."""
     deadline = time.monotonic() + STEP_TIMEOUT
     while "(proposed)" not in nvim.current.buffer.name:
+        if answered.is_set():
+            return False
         if time.monotonic() > deadline:
             raise RuntimeError("openDiff's view did not open in Neovim")
         time.sleep(0.02)
-    return nvim
+    return True
 
 
 def _write_proposal(nvim: Any, lines: list[str]) -> None:
