@@ -327,8 +327,12 @@ def _buffered_env() -> dict[str, str]:
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-@pytest.mark.parametrize("unbuffered", [False, True])
-@pytest.mark.parametrize("command", [["doctor"], ["audit"], ["audit", "--json"], ["--help"]])
+# Not --help unbuffered: argparse itself drops a failed write of its help then.
+@pytest.mark.parametrize(
+    ("command", "unbuffered"),
+    [(command, unbuffered) for command in (["doctor"], ["audit"], ["audit", "--json"]) for unbuffered in (False, True)]
+    + [(["--help"], False)],
+)
 def test_a_full_disk_under_stdout_is_one_line(
     recoverable_journal: tuple[Path, int], command: list[str], unbuffered: bool
 ) -> None:
@@ -337,8 +341,6 @@ def test_a_full_disk_under_stdout_is_one_line(
     import subprocess
     import sys
 
-    if command == ["--help"] and unbuffered:
-        pytest.skip("argparse itself drops a failed write of its help when it is not buffered")
     journal, _ = recoverable_journal
     argv = [sys.executable, "-m", "toolbus.adapters.cli", *command]
     argv += [] if command == ["--help"] else ["--journal", str(journal)]
