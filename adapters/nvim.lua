@@ -30,11 +30,15 @@ local function read_file(name)
   return content
 end
 
--- The text a buffer would write: its lines, plus a final newline when it has one.
+local LINE_BREAK = { unix = '\n', dos = '\r\n', mac = '\r' } -- by 'fileformat'
+
+-- The text a buffer would write: its lines, each broken as its 'fileformat' says, plus a final
+-- line break when it has one.
 local function buffer_text(buf)
-  local text = table.concat(api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
+  local line_break = LINE_BREAK[vim.bo[buf].fileformat] or '\n'
+  local text = table.concat(api.nvim_buf_get_lines(buf, 0, -1, false), line_break)
   if vim.bo[buf].eol or vim.bo[buf].fixeol then
-    text = text .. '\n'
+    text = text .. line_break
   end
   return text
 end
@@ -754,18 +758,28 @@ end
 
 local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided }
 
--- `text` as buffer lines, and whether it ends with a newline.
+-- `text` as buffer lines, whether it ends with a line break, and 'dos' when every line break
+-- in it is CRLF (its lines then hold no CR; nil for any other text, split at each LF).
 local function split_text(text)
-  local eol = text:sub(-1) == '\n'
-  local lines = vim.split(eol and text:sub(1, -2) or text, '\n', { plain = true })
-  return lines, eol
+  local crlf = text:find('\r\n', 1, true) and not text:find('[^\r]\n') and text:sub(1, 1) ~= '\n'
+  local line_break = crlf and '\r\n' or '\n'
+  local eol = text:sub(-#line_break) == line_break
+  local body = eol and text:sub(1, -#line_break - 1) or text
+  return vim.split(body, line_break, { plain = true }), eol, crlf and 'dos' or nil
 end
 
+-- Make `text` the buffer's. A CRLF text makes it a 'dos' buffer, which writes those bytes again
+-- (kept in its lines, each CR would be written before a CRLF); any other text keeps the
+-- buffer's 'fileformat' (a CRLF file's buffer given LF lines writes them with CRLF, as the
+-- file had them).
 local function set_text(buf, text)
-  local lines, eol = split_text(text)
+  local lines, eol, fileformat = split_text(text)
   api.nvim_buf_set_lines(buf, 0, -1, false, lines)
   vim.bo[buf].eol = eol
   vim.bo[buf].fixeol = eol
+  if fileformat then
+    vim.bo[buf].fileformat = fileformat
+  end
 end
 
 local function decide(id, action)

@@ -185,6 +185,38 @@ def test_the_users_edits_to_the_proposal_are_what_is_written(
     assert journal.blob(events[-1]["data"]["written_blob"]) == b"x = 10\nz = 0\n"
 
 
+def test_a_crlf_proposal_is_shown_without_carriage_returns_and_written_as_sent(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "dos.txt"  # not open: both sides come from texts, the file's and the proposal
+    path.write_bytes(b"one\r\ntwo\r\n")
+    request = propose(server, path, "one\r\ntwo\r\nfour\r\n", "crlf")
+    shown(nvim)
+    sides = (
+        "return vim.tbl_map(function(w) return vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(w), 0, -1, "
+        "false) end, vim.api.nvim_tabpage_list_wins(0))"
+    )
+    assert nvim.lua(sides) == [["one", "two"], ["one", "two", "four"]]  # only the new line differs
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "one\r\ntwo\r\nfour\r\n"]
+    assert path.read_bytes() == b"one\r\ntwo\r\nfour\r\n"
+    _, events = last_diff(journal, "crlf")
+    assert events[-1]["data"]["user_edited"] is False
+
+
+def test_lf_lines_proposed_for_a_crlf_file_keep_its_line_breaks(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "dos.txt"
+    path.write_bytes(b"a\r\n")
+    nvim.edit(path)  # its buffer: 'fileformat' dos
+    request = propose(server, path, "a\nb\n", "lf for crlf")
+    shown(nvim)
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "a\r\nb\r\n"]
+    assert path.read_bytes() == b"a\r\nb\r\n"
+
+
 def test_quitting_the_proposal_rejects_it(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
