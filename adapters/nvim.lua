@@ -476,14 +476,42 @@ local function is_main(win)
     and not vim.wo[win].winfixbuf
 end
 
+-- A window that can take another buffer without a prompt or E37: its own has nothing unsaved,
+-- or stays loaded when hidden.
+local function can_switch(win)
+  local buf = api.nvim_win_get_buf(win)
+  return not vim.bo[buf].modified
+    or vim.o.hidden
+    or vim.bo[buf].bufhidden == 'hide'
+    or #vim.fn.win_findbuf(buf) > 1
+end
+
+local function is_diff_view(tab)
+  return vim.t[tab].toolbus_diff ~= nil
+end
+
+-- The window to show a file in: the current one if it can, else another of its tab page, else
+-- one of another tab page; never one of an openDiff view. nil when there is none.
 local function main_window()
   local current = api.nvim_get_current_win()
-  if is_main(current) then
-    return current
+  local here = api.nvim_get_current_tabpage()
+  local tabs = { here }
+  for _, tab in ipairs(api.nvim_list_tabpages()) do
+    if tab ~= here then
+      tabs[#tabs + 1] = tab
+    end
   end
-  for _, win in ipairs(api.nvim_tabpage_list_wins(0)) do
-    if is_main(win) then
-      return win
+  for _, tab in ipairs(tabs) do
+    if not is_diff_view(tab) then
+      local wins = api.nvim_tabpage_list_wins(tab)
+      if tab == here then
+        table.insert(wins, 1, current)
+      end
+      for _, win in ipairs(wins) do
+        if is_main(win) and can_switch(win) then
+          return win
+        end
+      end
     end
   end
   return nil
@@ -584,8 +612,10 @@ function M.open_file(path, ask)
   end
   local win = main_window()
   if win then
+    api.nvim_set_current_win(win) -- its tab page's too
     api.nvim_win_set_buf(win, buf)
-    api.nvim_set_current_win(win)
+  elseif is_diff_view(api.nvim_get_current_tabpage()) then
+    vim.cmd('tab sbuffer ' .. buf)
   else
     api.nvim_open_win(buf, true, { split = 'left', win = -1 })
   end

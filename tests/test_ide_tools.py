@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pynvim
 import pytest
 from mcp import Client
@@ -70,7 +71,7 @@ def files(tmp_path: Path, nvim: NeovimProcess) -> Path:
     """A folder of files, and a Neovim in normal mode with one window and no buffers."""
     nvim.call(lambda n: n.input("<C-\\><C-n>"))
     nvim.lua(
-        "vim.cmd('silent! only! | enew | silent! %bwipeout!') vim.diagnostic.reset() "
+        "vim.cmd('silent! tabonly! | silent! only! | enew | silent! %bwipeout!') vim.diagnostic.reset() "
         "for _, c in ipairs(vim.lsp.get_clients()) do c:stop(true) end vim.cmd.cd(...)",
         str(tmp_path),
     )
@@ -322,6 +323,45 @@ async def test_open_file_selects_lines_in_the_main_window_never_the_terminal(
     wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "V")
     current = await selection(client)
     assert (current["filePath"], current["selection"]) == (str(path), span((1, 0), (3, 3)))
+
+
+async def test_open_file_beside_unsaved_text_that_cannot_be_hidden(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """With 'nohidden', the window of a modified buffer cannot take another: a split can."""
+    edited = files / "b.txt"
+    nvim.edit(edited)
+    nvim.lua("vim.o.hidden = false vim.api.nvim_buf_set_lines(0, 0, 1, false, {'unsaved'})")
+    try:
+        path = files / "a.py"
+        reply = await client.call_tool("openFile", {"filePath": str(path)})
+        assert not reply.is_error and text_of(reply) == f"Opened file: {path}"
+        assert window_buffers(nvim) == [str(path), str(edited)]
+        assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, 1, false)", str(edited)) == ["unsaved"]
+    finally:
+        nvim.lua("vim.o.hidden = true")
+
+
+async def test_open_file_never_lands_in_a_diff_view(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    nvim.edit(files / "b.txt")
+    path = files / "a.py"
+    proposal = {"old_file_path": str(path), "new_file_path": str(path), "new_file_contents": "x\n", "tab_name": "wait"}
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(client.call_tool, "openDiff", proposal)
+        with anyio.fail_after(10):  # the view is up, its proposal current
+            while "(proposed)" not in nvim.lua("return vim.api.nvim_buf_get_name(0)"):
+                await anyio.sleep(0.02)
+        reply = await client.call_tool("openFile", {"filePath": str(path)})
+        assert text_of(reply) == f"Opened file: {path}"
+        assert window_buffers(nvim) == [str(path)]  # in the first tab page's window
+        diff_tab = "return vim.tbl_map(vim.api.nvim_tabpage_list_wins, vim.api.nvim_list_tabpages())"
+        assert [len(windows) for windows in nvim.lua(diff_tab)] == [1, 2]  # the view as it was
+        nvim.command("tabnext 2 | tabonly")  # the view alone: the file gets a tab page of its own
+        reply = await client.call_tool("openFile", {"filePath": str(files / "b.txt")})
+        assert window_buffers(nvim) == [str(files / "b.txt")]
+        assert nvim.lua("return {#vim.api.nvim_list_tabpages(), vim.wo.diff}") == [2, False]
+        assert text_of(await client.call_tool("closeAllDiffTabs", {})) == "CLOSED_1_DIFF_TABS"
+    assert nvim.lua("return #vim.api.nvim_list_tabpages()") == 1
 
 
 async def test_open_file_selects_from_start_text_to_end_text(client: Client, nvim: NeovimProcess, files: Path) -> None:
