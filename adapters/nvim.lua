@@ -260,7 +260,7 @@ function M.write(buf, tick, disk)
   if vim.bo[buf].modified then
     return { status = 'vim_error', message = 'the buffer is still modified after :write' }
   end
-  return { status = 'saved', after = read_file(name) }
+  return { status = 'saved', after = read_file(name), encoding = vim.bo[buf].fileencoding }
 end
 
 -- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,

@@ -115,7 +115,7 @@ async def _accept(
         user_edited=decision.text != proposal,
     )
     await commit_write(context, attempt, event)
-    return TextItems((FILE_SAVED, attempt.after.decode("utf-8", "replace")))
+    return TextItems((FILE_SAVED, attempt.written_text()))
 
 
 async def _failed(

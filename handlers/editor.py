@@ -119,6 +119,14 @@ class SaveAttempt:
     target: SaveTarget | None = None
     after: bytes = b""
     replaced: str | None = None
+    encoding: str = ""  # the file's, as Neovim wrote it ('' for UTF-8)
+
+    def written_text(self) -> str:
+        """The file as written, as text: decoded as Neovim encoded it."""
+        try:
+            return self.after.decode(self.encoding or "utf-8")
+        except (LookupError, UnicodeDecodeError):  # an encoding Python does not know by that name
+            return self.after.decode("utf-8", "replace")
 
 
 async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAttempt:
@@ -133,7 +141,9 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
         outcome = await _write(editor, target)
         context.if_in_doubt = ()
         if outcome.status == "saved" and outcome.after is not None:
-            return SaveAttempt(target.path, target=target, after=outcome.after, replaced=replaced)
+            return SaveAttempt(
+                target.path, target=target, after=outcome.after, replaced=replaced, encoding=outcome.encoding
+            )
         if outcome.status == "saved":  # written, but the file could not be read back
             unread = "the file could not be read back after :write; check it on disk"
             return SaveAttempt(target.path, "vim_error", unread)

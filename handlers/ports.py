@@ -41,6 +41,7 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     status: Literal["saved", "changed", "vim_error"]  # changed: since inspected; nothing written
     message: str = ""
     after: bytes | None = None  # the file on disk just after the write
+    encoding: str = ""  # how Neovim encoded it ('fileencoding'; '' for UTF-8)
 
 
 class TabMatch(msgspec.Struct, frozen=True, kw_only=True):

@@ -217,6 +217,18 @@ def test_lf_lines_proposed_for_a_crlf_file_keep_its_line_breaks(
     assert path.read_bytes() == b"a\r\nb\r\n"
 
 
+def test_an_accepted_text_in_a_latin1_file_is_answered_as_text_and_written_in_latin1(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "latin.txt"
+    path.write_bytes(b"caf\xe9\n")  # Neovim reads it as latin1 ('fileencodings')
+    request = propose(server, path, "café!\n", "latin1")
+    shown(nvim)
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "café!\n"]
+    assert path.read_bytes() == b"caf\xe9!\n"
+
+
 def test_quitting_the_proposal_rejects_it(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
