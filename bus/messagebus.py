@@ -244,7 +244,7 @@ def decode_command(command_type: type[C], arguments: object) -> C:
     try:
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
-        raise InvalidArguments(command_type.tool, _explain(command_type, str(error))) from None
+        raise InvalidArguments(command_type.tool, _explain(command_type, str(error), args)) from None
     except UnicodeEncodeError:  # msgspec meets a lone surrogate where it compares or encodes text
         raise InvalidArguments(command_type.tool, "text must be valid Unicode (it holds a lone surrogate)") from None
 
@@ -279,7 +279,7 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode()
 
 
-def _explain(command_type: type[Command], message: str) -> str:
+def _explain(command_type: type[Command], message: str, args: Mapping[str, Any]) -> str:
     """Turn msgspec's message into `field: expected ..., got ...`."""
     match = _AT_PATH.match(message)
     assert match is not None
@@ -292,13 +292,19 @@ def _explain(command_type: type[Command], message: str) -> str:
         return f"{path}: expected one of {', '.join(allowed)}, got {got}"
     if expected := _EXPECTED.match(text):
         what = expected["what"].replace("`", "")
-        got = f", got {expected['got'].replace('`', '')}" if expected["got"] else ""
+        got = f", got {expected['got'].replace('`', '')}" if expected["got"] else _number_given(args, path)
         if what == "str" and got and path in _literal_fields(command_type):
             return f"{path}: expected one of {', '.join(_literal_values(command_type, path))}{got}"
         return f"{path or 'arguments'}: expected {_PLAIN_WORDS.get(what, what)}{got}"
     if ": expected" in text:  # our own __post_init__ messages already name the field
         return text
     return f"{path}: {text}" if path else text
+
+
+def _number_given(args: Mapping[str, Any], path: str) -> str:
+    """`, got N` for a number out of its field's range (msgspec names only the range)."""
+    value = args.get(path)
+    return f", got {value}" if isinstance(value, int | float) and not isinstance(value, bool) else ""
 
 
 def _join(path: str, name: str) -> str:

@@ -391,6 +391,12 @@ async def test_open_file_not_frontmost_only_loads_it(client: Client, nvim: Neovi
     assert [tab["label"] for tab in json_of(await client.call_tool("getOpenEditors", {}))["tabs"]] == ["b.txt", "a.py"]
 
 
+async def test_a_line_out_of_range_is_named_with_the_value_given(client: Client, files: Path) -> None:
+    reply = await client.call_tool("openFile", {"filePath": str(files / "a.py"), "startLine": 0})
+    assert reply.is_error
+    assert text_of(reply) == "Invalid arguments for openFile: startLine: expected int >= 1, got 0"
+
+
 async def test_open_file_of_a_missing_file_is_an_error(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = str(files / "missing.py")
     reply = await client.call_tool("openFile", {"filePath": path})
