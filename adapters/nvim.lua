@@ -402,12 +402,16 @@ end
 
 local SEVERITY = { 'Error', 'Warning', 'Information', 'Hint' }
 
--- LSP codes are numbers or strings; anything else is shown as text, and no code stays nil (null).
+-- LSP codes are numbers or strings. Some servers send `{ value = ..., target = url }` (ESLint's
+-- older form): its value. Any other table has no code to show (nil: null), rather than an address.
 local function code_of(code)
+  if type(code) == 'table' then
+    code = code.value
+  end
   if code == nil or code == vim.NIL or type(code) == 'number' then
     return code
   end
-  return tostring(code)
+  return type(code) == 'table' and vim.NIL or tostring(code)
 end
 
 local function diagnostics_of(buf)

@@ -252,6 +252,11 @@ async def test_diagnostics_of_every_file_of_one_and_of_a_file_not_open(
     nvim.lua(SET_DIAGNOSTICS_NIL_CODE, str(b), found[2:])
     [of_b] = json_of(await client.call_tool("getDiagnostics", {"uri": b.as_uri()}))
     assert [(d["source"], d["code"]) for d in of_b["diagnostics"]] == [(None, None)] * 3
+    # a code as ESLint once sent it ({value, target}) is its value; another table is no code
+    eslint = {"value": "no-unused-vars", "target": "https://eslint.org/docs/rules/no-unused-vars"}
+    nvim.lua(SET_DIAGNOSTICS, str(b), [found[2] | {"code": eslint}, found[3] | {"code": {"what": 1}}])
+    [of_b] = json_of(await client.call_tool("getDiagnostics", {"uri": b.as_uri()}))
+    assert [d["code"] for d in of_b["diagnostics"]] == ["no-unused-vars", None]
     missing = await client.call_tool("getDiagnostics", {"uri": (files / "nowhere.py").as_uri()})
     assert missing.is_error
     assert text_of(missing) == f"Document not open: {(files / 'nowhere.py').as_uri()}"
