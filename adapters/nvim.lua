@@ -454,7 +454,9 @@ function M.workspace_folders()
     local real = normalise(path)
     if not seen[real] then
       seen[real] = true
-      folders[#folders + 1] = { name = name or vim.fs.basename(path), uri = vim.uri_from_fname(path), path = path }
+      name = name or vim.fs.basename(path)
+      name = name ~= '' and name or path -- the root, '/', has no base name
+      folders[#folders + 1] = { name = name, uri = vim.uri_from_fname(path), path = path }
     end
   end
   add(vim.fn.getcwd())

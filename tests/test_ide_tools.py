@@ -303,6 +303,14 @@ async def test_workspace_folders_are_the_cwd_then_each_lsp_folder_once(
     }
 
 
+async def test_the_root_as_working_directory_is_named_by_its_path(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.lua("vim.cmd.cd('/')")
+    [folder] = json_of(await client.call_tool("getWorkspaceFolders", {}))["folders"]
+    assert folder == {"name": "/", "uri": "file:///", "path": "/"}
+
+
 # --- openFile ---------------------------------------------------------------------------------
 
 
