@@ -263,18 +263,20 @@ function M.write(buf, tick, disk)
   return { status = 'saved', after = read_file(name), encoding = vim.bo[buf].fileencoding }
 end
 
--- The one open buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
--- with the unsaved text a wipe would discard. A buffer with unsaved text is not closed yet:
--- toolbus keeps that text in its journal first, then calls M.wipe. One without is wiped at
--- once when `wipe_unmodified` (status 'wiped'): there is nothing to keep.
+-- The one open file buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
+-- with the text a wipe would discard: unsaved text, or all of it when its file is gone. Such a
+-- buffer is not closed yet: toolbus keeps that text in its journal first, then calls M.wipe.
+-- One without is wiped at once when `wipe_unmodified` (status 'wiped'): there is nothing to keep.
 function M.find_tab(tab_name, path, wipe_unmodified)
   local exact, suffix = {}, {}
+  -- Files only: a terminal (its job), help, a plugin's scratch or `acwrite` buffer is no tab.
+  local files = vim.tbl_filter(is_file_buffer, open_buffers())
   local wanted = path ~= vim.NIL and normalise(path) or nil
   local by_name = wanted and named(wanted)
-  if by_name then
+  if by_name and is_file_buffer(by_name) then
     exact = { by_name }
   elseif wanted then
-    for _, each in ipairs(open_buffers()) do
+    for _, each in ipairs(files) do
       if same_file(each, wanted) then
         exact[#exact + 1] = each
       end
@@ -282,7 +284,7 @@ function M.find_tab(tab_name, path, wipe_unmodified)
   end
   if #exact == 0 then
     local tail = '/' .. tab_name
-    for _, each in ipairs(open_buffers()) do
+    for _, each in ipairs(files) do
       if api.nvim_buf_get_name(each):sub(-#tail) == tail then
         suffix[#suffix + 1] = each
       end
@@ -302,7 +304,10 @@ function M.find_tab(tab_name, path, wipe_unmodified)
   local buf = matches[1]
   local modified = vim.bo[buf].modified
   local path_found = normalise(names[1])
-  if wipe_unmodified and not modified then
+  -- An unmodified buffer whose file is gone holds the only copy of its text: kept like unsaved text.
+  local has_text = api.nvim_buf_line_count(buf) > 1 or api.nvim_buf_get_lines(buf, 0, 1, false)[1] ~= ''
+  local only_copy = not modified and has_text and not vim.uv.fs_stat(names[1])
+  if wipe_unmodified and not modified and not only_copy then
     api.nvim_buf_delete(buf, { force = true })
     return { status = 'wiped', path = path_found }
   end
@@ -312,7 +317,7 @@ function M.find_tab(tab_name, path, wipe_unmodified)
     tick = api.nvim_buf_get_changedtick(buf),
     path = path_found,
     modified = modified,
-    discarded = modified and buffer_text(buf) or vim.NIL,
+    discarded = (modified or only_copy) and buffer_text(buf) or vim.NIL,
   }
 end
 

@@ -398,6 +398,33 @@ async def test_close_tab_never_touches_hidden_buffers(client: Client, nvim: Neov
     assert nvim.lua("return vim.api.nvim_buf_is_loaded(vim.fn.bufnr(...))", str(hidden))
 
 
+async def test_close_tab_leaves_terminals_and_other_non_file_buffers_alone(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    nvim.command("terminal sleep 600")  # the agent's own terminal, perhaps: its job must live
+    terminal = nvim.lua("return vim.api.nvim_get_current_buf()")
+    scratch = files / "notes.txt"
+    nvim.lua("local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)", str(scratch))
+    for tab_name in (nvim.lua("return vim.api.nvim_buf_get_name(0)").rsplit("/", 1)[1], "notes.txt", str(scratch)):
+        assert text_of(await client.call_tool("close_tab", {"tab_name": tab_name})) == "TAB_CLOSED"
+    assert nvim.lua("return vim.fn.jobwait({vim.bo[...].channel}, 0)[1]", terminal) == -1  # still running
+    assert str(scratch) in nvim.buffer_names()
+    assert [e["data"]["reason"] for e in journal.events("TabCloseSkipped")] == ["not_found"] * 3
+
+
+async def test_closing_a_buffer_whose_file_is_gone_keeps_its_only_copy(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = make(files, "gone.py", "the only copy\n")
+    nvim.edit(path)
+    path.unlink()
+    assert text_of(await client.call_tool("close_tab", {"tab_name": "gone.py"})) == "TAB_CLOSED"
+    assert str(path) not in nvim.buffer_names()
+    [closed] = journal.events("TabClosed")
+    assert journal.blob(closed["data"]["discarded_blob"]) == b"the only copy\n"
+    assert cli("recover", str(closed["position"]), "--journal", str(journal.path)).out == "the only copy\n"
+
+
 async def test_unsaved_text_survives_a_close_whose_commit_fails(
     client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
 ) -> None:
