@@ -201,6 +201,20 @@ local function disk_identity(name)
   return ('%d:%d:%d:%d:%d'):format(stat.ino, stat.size, stat.mtime.sec, stat.mtime.nsec, stat.ctime.nsec)
 end
 
+-- The file's modification time, as `:write` compares it with the one it read (nil if none).
+local function mtime_of(name)
+  local stat = vim.uv.fs_stat(name)
+  return stat and ('%d:%d'):format(stat.mtime.sec, stat.mtime.nsec) or nil
+end
+
+-- Whether the file changed on disk since Neovim last read or wrote the buffer, so that :write
+-- would stop at its "changed since reading it" prompt; even when a :checktime (the user's own,
+-- on FocusGained, say) has reported the change already, and a second one no longer does.
+local function changed_since_read(buf, name)
+  local read, now = vim.b[buf].toolbus_read_mtime, mtime_of(name)
+  return read ~= nil and now ~= nil and read ~= now
+end
+
 -- A save, step one: find the buffer, settle a disk change without a prompt (reload an
 -- unmodified buffer; a modified one is a conflict), and return the disk text the write would
 -- replace. Nothing is written yet: toolbus keeps that text in its journal first, then calls
@@ -216,12 +230,12 @@ function M.inspect_save(path)
   if not ok then
     return { status = 'vim_error', path = resolved, message = changed }
   end
-  if vim.b[buf].toolbus_disk_conflict then
+  if vim.b[buf].toolbus_disk_conflict or changed_since_read(buf, name) then
     if vim.bo[buf].modified then
       return { status = 'conflict', path = resolved }
     end
-    -- The user undid their edits: the disk version wins, as for any unmodified buffer.
-    -- (Vim was told of the change already, so :write would now prompt instead.)
+    -- The disk version wins, as for any unmodified buffer (the user undid their edits, or the
+    -- change was reported to someone else): reloaded, since :write would now prompt instead.
     api.nvim_buf_call(buf, function()
       vim.cmd('silent edit!')
     end)
@@ -995,13 +1009,21 @@ api.nvim_create_autocmd('ModeChanged', {
   end,
 })
 
--- A toolbus conflict mark ends when the user writes or re-reads the buffer.
+-- A toolbus conflict mark ends when the user writes or re-reads the buffer, which is when the
+-- file's modification time is noted for `changed_since_read` (as Vim notes it for :write).
 local group = api.nvim_create_augroup('toolbus_conflicts', { clear = true })
 api.nvim_create_autocmd({ 'BufWritePost', 'BufReadPost' }, {
   group = group,
   callback = function(args)
     vim.b[args.buf].toolbus_disk_conflict = nil
+    vim.b[args.buf].toolbus_read_mtime = mtime_of(api.nvim_buf_get_name(args.buf))
   end,
 })
+-- Buffers read before toolbus first connected: their files as they are now.
+for _, buf in ipairs(api.nvim_list_bufs()) do
+  if api.nvim_buf_is_loaded(buf) and is_file_buffer(buf) and vim.b[buf].toolbus_read_mtime == nil then
+    vim.b[buf].toolbus_read_mtime = mtime_of(api.nvim_buf_get_name(buf))
+  end
+end
 
 return M

@@ -157,6 +157,32 @@ async def test_save_after_disk_change_of_modified_buffer_is_a_conflict(
     assert [event["data"]["reason"] for event in refused] == ["conflict", "conflict"]
 
 
+@pytest.mark.parametrize("modified", [False, True])
+async def test_a_disk_change_the_users_own_checktime_took_is_settled_without_a_prompt(
+    client: Client, nvim: NeovimProcess, files: Path, modified: bool
+) -> None:
+    """The user's config answered :checktime first (a FileChangedShell of its own, on
+    FocusGained say): Neovim reports that change no more, yet :write would stop at its
+    "changed since reading it" prompt."""
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.command("set noautoread")
+    if modified:
+        nvim.set_lines(path, ["mine"])
+    path.write_text("agent edit\n")
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))  # past any clock's grain
+    nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
+    try:
+        nvim.command("checktime")
+    finally:
+        nvim.command("autocmd! user_config")
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert reply["saved"] is not modified
+    assert path.read_text() == "agent edit\n"
+    assert nvim.lines(path) == (["mine"] if modified else ["agent edit"])
+
+
 async def test_a_conflict_ends_when_the_user_writes(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py", "original\n")
     nvim.edit(path)
