@@ -195,7 +195,9 @@ def file_streams(path: str) -> tuple[str, ...]:
     """The streams a file's events may be under: the path as Neovim resolves it (symlinks
     followed), and as typed, for a file since deleted or moved."""
     typed = typed_path(path)
-    return tuple(dict.fromkeys((file_stream(os.path.realpath(typed)), file_stream(typed))))
+    # Resolved before `..` is taken off: after a symlink it leads to the link target's parent.
+    resolved = os.path.realpath(os.path.join(os.getcwd(), os.path.expanduser(path)))
+    return tuple(dict.fromkeys((file_stream(resolved), file_stream(typed))))
 
 
 class JournalReader(Protocol):

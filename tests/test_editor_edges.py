@@ -490,7 +490,9 @@ async def test_editor_events_through_a_symlinked_directory_are_filed_under_the_r
         ("DocumentSaveRefused", os.path.join(os.path.realpath(files / "real"), "b.py")),
         ("TabClosed", resolved),
     ]
-    for spelling in (real, link / "a.py"):
+    (files / "real" / "deep").mkdir()
+    (files / "deep").symlink_to(files / "real" / "deep")  # deep/.. is real, not files
+    for spelling in (real, link / "a.py", files / "deep" / ".." / "a.py"):
         run = cli("history", spelling, "--journal", journal_path, "--json")
         assert run.code == 0, run.err
         assert [line["event"]["type"] for line in run.json_lines()] == ["TabClosed", "DocumentSaved"]
