@@ -43,9 +43,11 @@ BUSY = (
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
-# Where in Lua an error without a Vim code was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `,
-# after "Error executing lua: " when it passed through a Vim command.
-_LUA_WHERE = re.compile(r'^(?:Error executing lua:? )?(?:\[string "[^"]*"\]|\S+\.lua):\d+: ')
+# How a Lua error without a Vim code reached toolbus, up to the last "Error executing lua": a
+# Vim command's, then a Lua autocmd's such as a formatter's BufWritePre ('...nvim_exec2()[1]..
+# BufWritePre Autocommands for "*": Vim(append):Error executing lua callback: '); then where in
+# Lua it was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `.
+_LUA_WHERE = re.compile(r'^(?:.*Error executing lua(?: callback)?:? )?(?:(?:\[string "[^"]*"\]|\S+\.lua):\d+: )?')
 
 
 class OpenEditors(msgspec.Struct, frozen=True):
@@ -251,4 +253,4 @@ def vim_error(message: str) -> str:
     if match := _VIM_ERROR.search(message):
         return match[1]
     first = message.strip().splitlines()[0] if message.strip() else ""
-    return _LUA_WHERE.sub("", first) or "unknown error"
+    return _LUA_WHERE.sub("", first, count=1) or "unknown error"

@@ -319,6 +319,23 @@ async def test_after_neovim_restarts_the_next_call_works(client: Client, nvim: N
     assert reply["success"] is True
 
 
+async def test_a_formatter_failing_in_lua_is_named_without_luas_wrapping(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    path = make(files, "fmt.lua")
+    nvim.edit(path)
+    nvim.set_lines(path, ["x = 1"])
+    nvim.lua(
+        "vim.api.nvim_create_autocmd('BufWritePre', { group = vim.api.nvim_create_augroup('fmt', {}), "
+        "callback = function() error('formatter crashed: stylua exit 2') end })"
+    )
+    try:
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    finally:
+        nvim.lua("vim.api.nvim_del_augroup_by_name('fmt')")
+    assert (reply["saved"], reply["message"]) == (False, "Failed to save: formatter crashed: stylua exit 2")
+
+
 async def test_a_prompt_during_save_times_out_and_neovim_is_usable_after(
     journal_path: Path, nvim: NeovimProcess, files: Path, mode: str, journal: JournalReader
 ) -> None:
