@@ -43,6 +43,19 @@ local function buffer_text(buf)
   return text
 end
 
+-- The bytes a buffer would write: its text in its 'fileencoding' (its lines are UTF-8), after
+-- a UTF-8 byte order mark when 'bomb' says so. What a close discards, to be written back as is.
+local function buffer_bytes(buf)
+  local text = buffer_text(buf)
+  local encoding = vim.bo[buf].fileencoding
+  if encoding ~= '' and encoding ~= 'utf-8' then
+    text = vim.iconv(text, 'utf-8', encoding) or text -- nil: not convertible, kept as UTF-8
+  elseif vim.bo[buf].bomb then
+    text = '\239\187\191' .. text
+  end
+  return text
+end
+
 -- A buffer's option, read without vim.bo's metatables: half the cost, on every buffer of a list.
 local function option(buf, name)
   return api.nvim_get_option_value(name, { buf = buf })
@@ -331,7 +344,7 @@ function M.find_tab(tab_name, path, wipe_unmodified)
     tick = api.nvim_buf_get_changedtick(buf),
     path = path_found,
     modified = modified,
-    discarded = (modified or only_copy) and buffer_text(buf) or vim.NIL,
+    discarded = (modified or only_copy) and buffer_bytes(buf) or vim.NIL,
   }
 end
 

@@ -468,6 +468,21 @@ async def test_closing_a_buffer_whose_file_is_gone_keeps_its_only_copy(
     assert cli("recover", str(closed["position"]), "--journal", str(journal.path)).out == "the only copy\n"
 
 
+async def test_a_close_keeps_unsaved_text_as_the_file_would_hold_it(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """In the file's encoding, with its byte order mark: `recover --apply` writes it back as is."""
+    latin1, bom = files / "latin1.txt", files / "bom.txt"
+    latin1.write_bytes(b"caf\xe9\n")
+    bom.write_bytes(b"\xef\xbb\xbfbom\n")
+    for path, text in ((latin1, "café!"), (bom, "bom!")):
+        nvim.edit(path)
+        nvim.set_lines(path, [text])
+        assert text_of(await client.call_tool("close_tab", {"tab_name": str(path)})) == "TAB_CLOSED"
+    kept = [journal.blob(event["data"]["discarded_blob"]) for event in journal.events("TabClosed")]
+    assert kept == [b"caf\xe9!\n", b"\xef\xbb\xbfbom!\n"]
+
+
 async def test_unsaved_text_survives_a_close_whose_commit_fails(
     client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
 ) -> None:
