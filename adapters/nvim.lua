@@ -217,15 +217,30 @@ end
 -- The file's modification time, as `:write` compares it with the one it read (nil if none).
 local function mtime_of(name)
   local stat = vim.uv.fs_stat(name)
-  return stat and ('%d:%d'):format(stat.mtime.sec, stat.mtime.nsec) or nil
+  return stat and { stat.mtime.sec, stat.mtime.nsec } or nil
+end
+
+-- Vim's own rule (Linux): a second either way is a FAT file system's rounding, not a change.
+local function time_differs(now, read)
+  local seconds = now[1] - read[1]
+  return seconds > 1 or seconds < -1 or (seconds == 0 and now[2] ~= read[2])
+end
+
+-- Noted when Neovim reads or writes the buffer's own file (see the autocmd at the end).
+local function note_read(buf)
+  local name = api.nvim_buf_get_name(buf)
+  vim.b[buf].toolbus_read = { name = name, mtime = mtime_of(name) }
 end
 
 -- Whether the file changed on disk since Neovim last read or wrote the buffer, so that :write
 -- would stop at its "changed since reading it" prompt; even when a :checktime (the user's own,
--- on FocusGained, say) has reported the change already, and a second one no longer does.
+-- on FocusGained, say) has reported the change already, and a second one no longer does. Not
+-- known after a rename (`:file`). A write that skipped autocmds (`:noautocmd write`) leaves
+-- the note behind: an unmodified buffer is then reloaded (the same text), a modified one
+-- refused as a conflict until the user writes again.
 local function changed_since_read(buf, name)
-  local read, now = vim.b[buf].toolbus_read_mtime, mtime_of(name)
-  return read ~= nil and now ~= nil and read ~= now
+  local read, now = vim.b[buf].toolbus_read, mtime_of(name)
+  return read ~= nil and read.name == name and read.mtime ~= nil and now ~= nil and time_differs(now, read.mtime)
 end
 
 -- A save, step one: find the buffer, settle a disk change without a prompt (reload an
@@ -514,11 +529,12 @@ local function is_main(win)
     and not vim.wo[win].winfixbuf
 end
 
--- A window that can take another buffer without a prompt or E37: its own has nothing unsaved,
--- or stays loaded when hidden.
-local function can_switch(win)
+-- A window that can show `target` without a prompt or E37: it does already, or its own buffer
+-- has nothing unsaved, or stays loaded when hidden.
+local function can_switch(win, target)
   local buf = api.nvim_win_get_buf(win)
-  return not vim.bo[buf].modified
+  return buf == target
+    or not vim.bo[buf].modified
     or vim.o.hidden
     or vim.bo[buf].bufhidden == 'hide'
     or #vim.fn.win_findbuf(buf) > 1
@@ -528,9 +544,9 @@ local function is_diff_view(tab)
   return vim.t[tab].toolbus_diff ~= nil
 end
 
--- The window to show a file in: the current one if it can, else another of its tab page, else
--- one of another tab page; never one of an openDiff view. nil when there is none.
-local function main_window()
+-- The window to show `target` in: the current one if it can, else another of its tab page,
+-- else one of another tab page; never one of an openDiff view. nil when there is none.
+local function main_window(target)
   local current = api.nvim_get_current_win()
   local here = api.nvim_get_current_tabpage()
   local tabs = { here }
@@ -546,7 +562,7 @@ local function main_window()
         table.insert(wins, 1, current)
       end
       for _, win in ipairs(wins) do
-        if is_main(win) and can_switch(win) then
+        if is_main(win) and can_switch(win, target) then
           return win
         end
       end
@@ -648,7 +664,7 @@ function M.open_file(path, ask)
   if not ask.makeFrontmost then
     return opened
   end
-  local win = main_window()
+  local win = main_window(buf)
   if win then
     api.nvim_set_current_win(win) -- its tab page's too
     api.nvim_win_set_buf(win, buf)
@@ -1022,20 +1038,21 @@ api.nvim_create_autocmd('ModeChanged', {
   end,
 })
 
--- A toolbus conflict mark ends when the user writes or re-reads the buffer, which is when the
--- file's modification time is noted for `changed_since_read` (as Vim notes it for :write).
-local group = api.nvim_create_augroup('toolbus_conflicts', { clear = true })
+-- A toolbus conflict mark ends when the user writes or re-reads the buffer's file, which is
+-- when `note_read` notes the file's time (as Vim notes it for :write; not for `:w other`).
 api.nvim_create_autocmd({ 'BufWritePost', 'BufReadPost' }, {
-  group = group,
+  group = api.nvim_create_augroup(NAME .. '_conflicts', { clear = true }),
   callback = function(args)
-    vim.b[args.buf].toolbus_disk_conflict = nil
-    vim.b[args.buf].toolbus_read_mtime = mtime_of(api.nvim_buf_get_name(args.buf))
+    if vim.fn.fnamemodify(args.match, ':p') == api.nvim_buf_get_name(args.buf) then
+      vim.b[args.buf].toolbus_disk_conflict = nil
+      note_read(args.buf)
+    end
   end,
 })
 -- Buffers read before toolbus first connected: their files as they are now.
 for _, buf in ipairs(api.nvim_list_bufs()) do
-  if api.nvim_buf_is_loaded(buf) and is_file_buffer(buf) and vim.b[buf].toolbus_read_mtime == nil then
-    vim.b[buf].toolbus_read_mtime = mtime_of(api.nvim_buf_get_name(buf))
+  if api.nvim_buf_is_loaded(buf) and is_file_buffer(buf) and vim.b[buf].toolbus_read == nil then
+    note_read(buf)
   end
 end
 

@@ -183,6 +183,43 @@ async def test_a_disk_change_the_users_own_checktime_took_is_settled_without_a_p
     assert nvim.lines(path) == (["mine"] if modified else ["agent edit"])
 
 
+async def test_a_copy_written_elsewhere_hides_no_disk_change_from_a_save(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """`:w other` writes another file: the buffer's own is as unread as before."""
+    path = make(files, "a.py", "original\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["mine"])
+    path.write_text("agent edit\n")
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
+    nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
+    try:
+        nvim.command("checktime")
+    finally:
+        nvim.command("autocmd! user_config")
+    nvim.command(f"write {files / 'copy.py'}")
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert reply["saved"] is False and "changed on disk" in reply["message"]
+    assert path.read_text() == "agent edit\n"
+
+
+async def test_a_buffer_renamed_onto_another_file_is_not_reloaded_from_it(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """`:file b.txt` names the buffer after a file it never read: Vim refuses to overwrite it."""
+    make(files, "a.txt", "four\n")
+    other = make(files, "b.txt", "bee\n")
+    os.utime(other, (other.stat().st_atime, other.stat().st_mtime + 10))
+    nvim.edit(files / "a.txt")
+    nvim.command(f"file {other}")
+    with anyio.fail_after(20):
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(other)}))
+    assert reply["saved"] is False and "E13" in reply["message"]
+    assert other.read_text() == "bee\n"
+    assert nvim.lines(other) == ["four"]
+
+
 async def test_a_conflict_ends_when_the_user_writes(client: Client, nvim: NeovimProcess, files: Path) -> None:
     path = make(files, "a.py", "original\n")
     nvim.edit(path)
