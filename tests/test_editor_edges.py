@@ -157,6 +157,18 @@ async def test_save_after_disk_change_of_modified_buffer_is_a_conflict(
     assert [event["data"]["reason"] for event in refused] == ["conflict", "conflict"]
 
 
+def agent_edits_and_the_users_checktime_sees_it(nvim: NeovimProcess, path: Path) -> None:
+    """The agent rewrites `path`; the user's config answers :checktime first (a FileChangedShell
+    of its own, on FocusGained say), so Neovim reports that change no more."""
+    path.write_text("agent edit\n")
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))  # past any clock's grain
+    nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
+    try:
+        nvim.command("checktime")
+    finally:
+        nvim.command("autocmd! user_config")
+
+
 @pytest.mark.parametrize("modified", [False, True])
 async def test_a_disk_change_the_users_own_checktime_took_is_settled_without_a_prompt(
     client: Client, nvim: NeovimProcess, files: Path, modified: bool
@@ -169,13 +181,7 @@ async def test_a_disk_change_the_users_own_checktime_took_is_settled_without_a_p
     nvim.command("set noautoread")
     if modified:
         nvim.set_lines(path, ["mine"])
-    path.write_text("agent edit\n")
-    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))  # past any clock's grain
-    nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
-    try:
-        nvim.command("checktime")
-    finally:
-        nvim.command("autocmd! user_config")
+    agent_edits_and_the_users_checktime_sees_it(nvim, path)
     with anyio.fail_after(20):
         reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
     assert reply["saved"] is not modified
@@ -190,13 +196,7 @@ async def test_a_copy_written_elsewhere_hides_no_disk_change_from_a_save(
     path = make(files, "a.py", "original\n")
     nvim.edit(path)
     nvim.set_lines(path, ["mine"])
-    path.write_text("agent edit\n")
-    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
-    nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
-    try:
-        nvim.command("checktime")
-    finally:
-        nvim.command("autocmd! user_config")
+    agent_edits_and_the_users_checktime_sees_it(nvim, path)
     nvim.command(f"write {files / 'copy.py'}")
     with anyio.fail_after(20):
         reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
