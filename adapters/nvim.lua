@@ -61,9 +61,15 @@ local function option(buf, name)
   return api.nvim_get_option_value(name, { buf = buf })
 end
 
--- Buffers the user has open: listed, loaded and named. Hidden and unloaded buffers are not.
+-- A file's buffer: named, and not help, terminal, quickfix, a file tree or other scratch.
+local function is_file_buffer(buf)
+  return option(buf, 'buftype') == '' and api.nvim_buf_get_name(buf) ~= ''
+end
+
+-- Files the user has open: listed, loaded file buffers. Hidden and unloaded buffers are not,
+-- nor a help page or a plugin's scratch buffer, even one named like a file.
 local function is_open(buf)
-  return option(buf, 'buflisted') and api.nvim_buf_is_loaded(buf) and api.nvim_buf_get_name(buf) ~= ''
+  return option(buf, 'buflisted') and api.nvim_buf_is_loaded(buf) and is_file_buffer(buf)
 end
 
 local function open_buffers()
@@ -153,11 +159,6 @@ local function check_disk(buf)
   return changed, reloaded
 end
 
--- A file's buffer: named, and not help, terminal, quickfix, a file tree or other scratch.
-local function is_file_buffer(buf)
-  return option(buf, 'buftype') == '' and api.nvim_buf_get_name(buf) ~= ''
-end
-
 local function language(buf)
   local filetype = option(buf, 'filetype')
   return filetype ~= '' and filetype or 'plaintext'
@@ -183,16 +184,14 @@ function M.list()
   local current = api.nvim_get_current_buf()
   local tabs = {}
   for _, buf in ipairs(open_buffers()) do
-    if is_file_buffer(buf) then
-      local entry = shown(buf)
-      tabs[#tabs + 1] = {
-        uri = entry.uri,
-        isActive = buf == current,
-        label = entry.label,
-        languageId = language(buf),
-        isDirty = option(buf, 'modified'),
-      }
-    end
+    local entry = shown(buf)
+    tabs[#tabs + 1] = {
+      uri = entry.uri,
+      isActive = buf == current,
+      label = entry.label,
+      languageId = language(buf),
+      isDirty = option(buf, 'modified'),
+    }
   end
   return tabs
 end
@@ -312,10 +311,10 @@ end
 function M.find_tab(tab_name, path, wipe_unmodified)
   local exact, suffix = {}, {}
   -- Files only: a terminal (its job), help, a plugin's scratch or `acwrite` buffer is no tab.
-  local files = vim.tbl_filter(is_file_buffer, open_buffers())
+  local files = open_buffers()
   local wanted = path ~= vim.NIL and normalise(path) or nil
   local by_name = wanted and named(wanted)
-  if by_name and is_file_buffer(by_name) then
+  if by_name then
     exact = { by_name }
   elseif wanted then
     for _, each in ipairs(files) do
@@ -486,7 +485,7 @@ function M.diagnostics(path)
   end
   local files = {}
   for _, buf in ipairs(open_buffers()) do
-    local found = is_file_buffer(buf) and diagnostics_of(buf) or {}
+    local found = diagnostics_of(buf)
     if #found > 0 then
       files[#files + 1] = { uri = vim.uri_from_bufnr(buf), diagnostics = found }
     end

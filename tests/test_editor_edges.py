@@ -37,6 +37,27 @@ async def test_a_path_never_matches_another_directorys_file(client: Client, nvim
     assert other.read_text() == "print('hello')\n"
 
 
+async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """A plugin's `nofile` buffer may carry a file's name; getOpenEditors does not list it, and
+    no other tool takes it for the file either."""
+    scratch = files / "notes.py"
+    nvim.lua(
+        "local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)"
+        " vim.api.nvim_buf_set_lines(b, 0, -1, false, {'scratch'}) vim.bo[b].modified = true",
+        str(scratch),
+    )
+    not_open = {"success": False, "message": f"Document not open: {scratch}"}
+    assert json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(scratch)})) == not_open
+    saved = json_of(await client.call_tool("saveDocument", {"filePath": str(scratch)}))
+    assert (saved["saved"], saved["message"]) == (False, not_open["message"])
+    diagnostics = await client.call_tool("getDiagnostics", {"uri": scratch.as_uri()})
+    assert text_of(diagnostics) == f"Document not open: {scratch.as_uri()}"
+    assert json_of(await client.call_tool("getOpenEditors", {})) == {"tabs": []}
+    assert not scratch.exists()
+
+
 async def test_a_symlinked_path_finds_the_real_files_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:
     real = make(files, "real/a.py")
     link = files / "link"
