@@ -656,7 +656,7 @@ end
 function M.open_file(path, ask)
   local stat = vim.uv.fs_stat(path)
   if not (stat and stat.type ~= 'directory') and not find_open(path) then
-    return { status = 'not_found' }
+    return { status = stat and 'directory' or 'not_found' }
   end
   local buf = load(path)
   local opened = { status = 'loaded', languageId = language(buf), lineCount = api.nvim_buf_line_count(buf) }

@@ -62,6 +62,8 @@ async def open_file(command: OpenFile, context: HandlerContext[Any]) -> str | Lo
     opened = await editor_of(context).open_file(command)
     if opened.status == "not_found":
         raise NotFound(f"File not found: {command.filePath}")
+    if opened.status == "directory":
+        raise NotFound(f"File not found: {command.filePath} is a directory")
     if opened.status == "loaded":
         return Loaded(success=True, filePath=command.filePath, languageId=opened.languageId, lineCount=opened.lineCount)
     what = _what_was_selected(opened)

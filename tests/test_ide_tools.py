@@ -416,6 +416,10 @@ async def test_open_file_of_a_missing_file_is_an_error(client: Client, nvim: Neo
     assert reply.is_error
     assert text_of(reply) == f"File not found: {path}"
     assert window_buffers(nvim) == [""]
+    reply = await client.call_tool("openFile", {"filePath": str(files), "makeFrontmost": False})
+    assert reply.is_error
+    assert text_of(reply) == f"File not found: {files} is a directory"
+    assert window_buffers(nvim) == [""]
 
 
 # --- closeAllDiffTabs, and the journal --------------------------------------------------------
