@@ -841,20 +841,25 @@ end
 
 local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided }
 
--- `text` as buffer lines, whether it ends with a line break, and 'dos' when every line break
--- in it is CRLF (its lines then hold no CR; nil for any other text, split at each LF).
+-- `text` as buffer lines, whether it ends with a line break, and its 'fileformat': 'dos' when
+-- every line break in it is CRLF, 'mac' when every one is CR (its lines then hold no CR); nil
+-- for any other text, split at each LF.
 local function split_text(text)
-  local crlf = text:find('\r\n', 1, true) and not text:find('[^\r]\n') and text:sub(1, 1) ~= '\n'
-  local line_break = crlf and '\r\n' or '\n'
+  local line_break, fileformat = '\n', nil
+  if text:find('\r\n', 1, true) and not text:find('[^\r]\n') and text:sub(1, 1) ~= '\n' then
+    line_break, fileformat = '\r\n', 'dos'
+  elseif text:find('\r', 1, true) and not text:find('\n', 1, true) then
+    line_break, fileformat = '\r', 'mac'
+  end
   local eol = text:sub(-#line_break) == line_break
   local body = eol and text:sub(1, -#line_break - 1) or text
-  return vim.split(body, line_break, { plain = true }), eol, crlf and 'dos' or nil
+  return vim.split(body, line_break, { plain = true }), eol, fileformat
 end
 
 -- Make `text` the buffer's. A CRLF text makes it a 'dos' buffer, which writes those bytes again
--- (kept in its lines, each CR would be written before a CRLF); any other text keeps the
--- buffer's 'fileformat' (a CRLF file's buffer given LF lines writes them with CRLF, as the
--- file had them).
+-- (kept in its lines, each CR would be written before a CRLF), a CR text a 'mac' one; an LF
+-- text keeps the buffer's 'fileformat' (a CRLF file's buffer given LF lines writes them with
+-- CRLF, as the file had them). Returns the 'fileformat' the text set, if any.
 local function set_text(buf, text)
   local lines, eol, fileformat = split_text(text)
   api.nvim_buf_set_lines(buf, 0, -1, false, lines)
@@ -863,6 +868,7 @@ local function set_text(buf, text)
   if fileformat then
     vim.bo[buf].fileformat = fileformat
   end
+  return fileformat
 end
 
 local function decide(id, action)
@@ -889,10 +895,24 @@ end
 local function scratch(name, text, filetype)
   local buf = api.nvim_create_buf(false, true)
   api.nvim_buf_set_name(buf, name)
-  set_text(buf, text)
+  local fileformat = set_text(buf, text)
   vim.bo[buf].bufhidden = 'wipe'
   vim.bo[buf].filetype = filetype
-  return buf
+  return buf, fileformat
+end
+
+local LINE_BREAK_NAME = { unix = 'LF', dos = 'CRLF', mac = 'CR' }
+
+-- What a diff of lines cannot show: accepting `proposed` line breaks would change every one of
+-- the current text's (`current`: its 'fileformat'). Said in the proposal's winbar.
+local function line_break_note(current, proposed)
+  if proposed == nil or proposed == current then
+    return ''
+  end
+  return (' Accepting writes %s line breaks: the current text has %s '):format(
+    LINE_BREAK_NAME[proposed],
+    LINE_BREAK_NAME[current] or current
+  )
 end
 
 -- Open the view, unless the file's buffer has unsaved changes.
@@ -909,16 +929,20 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   shown = shown ~= vim.NIL and shown or ''
   local base = vim.fs.basename(path)
   local filetype = vim.filetype.match({ filename = path }) or ''
-  local left = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype)
+  local left, shown_format = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype)
   vim.bo[left].modifiable = false
-  local proposal = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype)
+  local proposal, proposed_format = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype)
   vim.bo[proposal].buftype = 'acwrite'
   vim.bo[proposal].swapfile = false
   vim.bo[proposal].modified = false
   vim.cmd('tab sbuffer ' .. left)
   vim.cmd('diffthis')
-  api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
+  local right = api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
   vim.cmd('diffthis')
+  if shown ~= '' then
+    local current = old and vim.bo[old].fileformat or shown_format or 'unix'
+    vim.wo[right].winbar = line_break_note(current, proposed_format)
+  end
   vim.t.toolbus_diff = tab_name
   local resolved = normalise(path)
   diffs[id] = {

@@ -185,6 +185,14 @@ def test_the_users_edits_to_the_proposal_are_what_is_written(
     assert journal.blob(events[-1]["data"]["written_blob"]) == b"x = 10\nz = 0\n"
 
 
+# The lines of the diff view's two sides, left to right; and the proposal's winbar.
+SIDES = (
+    "return vim.tbl_map(function(w) return vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(w), 0, -1, "
+    "false) end, vim.api.nvim_tabpage_list_wins(0))"
+)
+WINBAR = "return vim.wo[vim.api.nvim_tabpage_list_wins(0)[2]].winbar"
+
+
 def test_a_crlf_proposal_is_shown_without_carriage_returns_and_written_as_sent(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
@@ -192,11 +200,8 @@ def test_a_crlf_proposal_is_shown_without_carriage_returns_and_written_as_sent(
     path.write_bytes(b"one\r\ntwo\r\n")
     request = propose(server, path, "one\r\ntwo\r\nfour\r\n", "crlf")
     shown(nvim)
-    sides = (
-        "return vim.tbl_map(function(w) return vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(w), 0, -1, "
-        "false) end, vim.api.nvim_tabpage_list_wins(0))"
-    )
-    assert nvim.lua(sides) == [["one", "two"], ["one", "two", "four"]]  # only the new line differs
+    assert nvim.lua(SIDES) == [["one", "two"], ["one", "two", "four"]]  # only the new line differs
+    assert nvim.lua(WINBAR) == ""  # the same line breaks as the file's
     nvim.command("write")
     assert texts(server.wait_for(request)) == ["FILE_SAVED", "one\r\ntwo\r\nfour\r\n"]
     assert path.read_bytes() == b"one\r\ntwo\r\nfour\r\n"
@@ -212,9 +217,40 @@ def test_lf_lines_proposed_for_a_crlf_file_keep_its_line_breaks(
     nvim.edit(path)  # its buffer: 'fileformat' dos
     request = propose(server, path, "a\nb\n", "lf for crlf")
     shown(nvim)
+    assert nvim.lua(WINBAR) == ""
     nvim.command("write")
     assert texts(server.wait_for(request)) == ["FILE_SAVED", "a\r\nb\r\n"]
     assert path.read_bytes() == b"a\r\nb\r\n"
+
+
+def test_a_proposal_that_changes_every_line_break_says_so(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    """Line by line the two sides are the same: only the proposal's winbar shows the change."""
+    path = files / "unix.txt"
+    path.write_bytes(b"a\nb\n")
+    request = propose(server, path, "a\r\nb\r\n", "crlf for lf")
+    shown(nvim)
+    assert nvim.lua(SIDES) == [["a", "b"], ["a", "b"]]
+    assert nvim.lua(WINBAR) == " Accepting writes CRLF line breaks: the current text has LF "
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "a\r\nb\r\n"]
+    assert path.read_bytes() == b"a\r\nb\r\n"
+
+
+def test_a_buffer_with_cr_line_breaks_is_shown_line_by_line(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "mac.txt"
+    path.write_bytes(b"one\rtwo\r")
+    nvim.command(f"edit ++ff=mac {path}")
+    request = propose(server, path, "one\ntwo\nthree\n", "lf for cr")
+    shown(nvim)
+    assert nvim.lua(SIDES) == [["one", "two"], ["one", "two", "three"]]
+    assert nvim.lua(WINBAR) == ""
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "one\rtwo\rthree\r"]
+    assert path.read_bytes() == b"one\rtwo\rthree\r"
 
 
 def test_an_accepted_text_in_a_latin1_file_is_answered_as_text_and_written_in_latin1(
