@@ -43,15 +43,34 @@ local function buffer_text(buf)
   return text
 end
 
+-- Vim's Unicode encodings, as 'fileencoding' names them: the byte order mark Vim writes first
+-- when 'bomb' is set, and the name vim.iconv() converts to. It takes every name of UTF-16 for
+-- the machine's byte order, so Vim's big-endian UTF-16 is made little-endian, then swapped.
+local UNICODE = {
+  ['utf-8'] = { bom = '\239\187\191' },
+  ['utf-16'] = { bom = '\254\255', iconv = 'utf-16le', swap = true },
+  ['ucs-2'] = { bom = '\254\255', iconv = 'utf-16le', swap = true },
+  ['utf-16le'] = { bom = '\255\254', iconv = 'utf-16le' },
+  ['ucs-2le'] = { bom = '\255\254', iconv = 'utf-16le' },
+  ['ucs-4'] = { bom = '\0\0\254\255', iconv = 'utf-32be' },
+  ['ucs-4le'] = { bom = '\255\254\0\0', iconv = 'utf-32le' },
+}
+
 -- The bytes a buffer would write: its text in its 'fileencoding' (its lines are UTF-8), after
--- a UTF-8 byte order mark when 'bomb' says so. What a close discards, to be written back as is.
+-- the byte order mark 'bomb' asks for. What a close discards, to be written back as is.
 local function buffer_bytes(buf)
   local text = buffer_text(buf)
   local encoding = vim.bo[buf].fileencoding
+  local unicode = UNICODE[encoding == '' and 'utf-8' or encoding] or {}
   if encoding ~= '' and encoding ~= 'utf-8' then
-    text = vim.iconv(text, 'utf-8', encoding) or text -- nil: not convertible, kept as UTF-8
-  elseif vim.bo[buf].bomb then
-    text = '\239\187\191' .. text
+    local converted = vim.iconv(text, 'utf-8', unicode.iconv or encoding)
+    if converted and unicode.swap then
+      converted = converted:gsub('(.)(.)', '%2%1')
+    end
+    text = converted or text -- nil: not convertible, kept as UTF-8
+  end
+  if unicode.bom and vim.bo[buf].bomb then
+    text = unicode.bom .. text
   end
   return text
 end

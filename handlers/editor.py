@@ -110,6 +110,17 @@ async def save_document(command: SaveDocument, context: HandlerContext[Any]) -> 
     return SaveResult(success=True, filePath=command.filePath, saved=True, message=SAVED)
 
 
+# Vim's names ('fileencoding') for the Unicode encodings Python knows by other names, or whose
+# byte order Python's codec of the same name would guess: Vim's 'utf-16' is big-endian.
+VIM_UNICODE_CODECS = {
+    "utf-16": "utf-16-be",
+    "ucs-2": "utf-16-be",
+    "ucs-2le": "utf-16-le",
+    "ucs-4": "utf-32-be",
+    "ucs-4le": "utf-32-le",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class SaveAttempt:
     """What saving a file's buffer came to: written (`target`, the file `after`, the replaced
@@ -124,11 +135,13 @@ class SaveAttempt:
     encoding: str = ""  # the file's, as Neovim wrote it ('' for UTF-8)
 
     def written_text(self) -> str:
-        """The file as written, as text: decoded as Neovim encoded it."""
+        """The file as written, as text: decoded as Neovim encoded it, without a byte order mark."""
+        codec = VIM_UNICODE_CODECS.get(self.encoding, self.encoding or "utf-8")
         try:
-            return self.after.decode(self.encoding or "utf-8")
+            text = self.after.decode(codec)
         except (LookupError, UnicodeDecodeError):  # an encoding Python does not know by that name
-            return self.after.decode("utf-8", "replace")
+            text = self.after.decode("utf-8", "replace")
+        return text.removeprefix("\ufeff")
 
 
 async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAttempt:

@@ -530,15 +530,21 @@ async def test_a_close_keeps_unsaved_text_as_the_file_would_hold_it(
     client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
     """In the file's encoding, with its byte order mark: `recover --apply` writes it back as is."""
-    latin1, bom = files / "latin1.txt", files / "bom.txt"
-    latin1.write_bytes(b"caf\xe9\n")
-    bom.write_bytes(b"\xef\xbb\xbfbom\n")
-    for path, text in ((latin1, "café!"), (bom, "bom!")):
+    held = {  # what each file holds, and what it holds with the line "é!"
+        "latin1.txt": (b"caf\xe9\n", b"\xe9!\n"),
+        "bom.txt": (b"\xef\xbb\xbfbom\n", b"\xef\xbb\xbf\xc3\xa9!\n"),
+        "utf16le.txt": ("\ufeffle\n".encode("utf-16-le"), "\ufeffé!\n".encode("utf-16-le")),
+        "utf16be.txt": ("\ufeffbe\n".encode("utf-16-be"), "\ufeffé!\n".encode("utf-16-be")),
+        "utf32le.txt": ("\ufeffle\n".encode("utf-32-le"), "\ufeffé!\n".encode("utf-32-le")),
+    }
+    for name, (before, _) in held.items():
+        path = files / name
+        path.write_bytes(before)
         nvim.edit(path)
-        nvim.set_lines(path, [text])
+        nvim.set_lines(path, ["é!"])
         assert text_of(await client.call_tool("close_tab", {"tab_name": str(path)})) == "TAB_CLOSED"
     kept = [journal.blob(event["data"]["discarded_blob"]) for event in journal.events("TabClosed")]
-    assert kept == [b"caf\xe9!\n", b"\xef\xbb\xbfbom!\n"]
+    assert kept == [after for _, after in held.values()]
 
 
 async def test_unsaved_text_survives_a_close_whose_commit_fails(

@@ -265,6 +265,19 @@ def test_an_accepted_text_in_a_latin1_file_is_answered_as_text_and_written_in_la
     assert path.read_bytes() == b"caf\xe9!\n"
 
 
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-be"])
+def test_an_accepted_text_in_a_utf16_or_32_file_is_answered_as_text_and_keeps_its_byte_order(
+    server: StdioServer, nvim: NeovimProcess, files: Path, codec: str
+) -> None:
+    path = files / "utf16.txt"
+    path.write_bytes("\ufeffold\n".encode(codec))  # Neovim reads it by its byte order mark
+    request = propose(server, path, "new\n", "utf16")
+    shown(nvim)
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "new\n"]
+    assert path.read_bytes() == "\ufeffnew\n".encode(codec)
+
+
 def test_quitting_the_proposal_rejects_it(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
