@@ -18,7 +18,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
-from functools import lru_cache
+from collections.abc import Sequence
 from typing import NamedTuple
 
 # The SQLite store's FTS5 tokenizer, which `tokens` reproduces.
@@ -175,26 +175,38 @@ def _encodable(char: str) -> bool:
 # --- a phrase in a text, as the index finds it ----------------------------------------------
 
 
-def holds(text: str, phrase: Phrase) -> bool:
-    """Whether the index finds `phrase` in saved `text` (before `searchable`): its tokens one
-    after another, the last one as a prefix when `phrase.prefix`. FTS5 cuts a token at 32 KiB,
-    which this does not: exact for texts shorter than `HOLDS_UP_TO` characters."""
-    wanted = _phrase_tokens(phrase)
-    if text.isascii():
-        lowered = text.lower()
-        # A token of ASCII text is a piece of its lowered form: most texts fail here, unsplit.
-        if not all(token in lowered for token in wanted):
-            return False
-        return _in_order(_ASCII_TOKEN.findall(lowered), wanted, phrase.prefix)
-    return _in_order(tokens(searchable(text)), wanted, phrase.prefix)
+class PhraseMatcher:
+    """A query's phrases, to tell which of them the index finds in saved texts (before
+    `searchable`): a phrase's tokens one after another, the last one as a prefix when
+    `phrase.prefix`. Each text is split once, however many phrases there are. FTS5 cuts a
+    token at 32 KiB, which this does not: exact for texts shorter than `HOLDS_UP_TO` characters."""
+
+    def __init__(self, phrases: Sequence[Phrase]) -> None:
+        self._wanted = [(tuple(tokens(phrase.text)), phrase.prefix) for phrase in phrases]
+        self._firsts = [(i, wanted[0]) for i, (wanted, _) in enumerate(self._wanted)]
+
+    def held_in(self, text: str) -> list[int]:
+        """The phrases `text` holds, by their place in the query."""
+        if text.isascii():
+            lowered = text.lower()
+            # A token of ASCII text is a piece of its lowered form: most texts fail here, unsplit.
+            maybe = [i for i, first in self._firsts if first in lowered]
+            if not maybe:
+                return []
+            found = _ASCII_TOKEN.findall(lowered)
+        else:
+            maybe, found = list(range(len(self._wanted))), tokens(searchable(text))
+        present = set(found)
+        return [i for i in maybe if self._holds(i, found, present)]
+
+    def _holds(self, phrase: int, found: list[str], present: set[str]) -> bool:
+        wanted, prefix = self._wanted[phrase]
+        if len(wanted) == 1 and not prefix:
+            return wanted[0] in present
+        return all(token in present for token in wanted[:-1]) and _in_order(found, wanted, prefix)
 
 
 HOLDS_UP_TO = 32_768 // 4  # characters of up to 4 bytes: no token in them reaches FTS5's limit
-
-
-@lru_cache(maxsize=256)
-def _phrase_tokens(phrase: Phrase) -> tuple[str, ...]:
-    return tuple(tokens(phrase.text))
 
 
 def _in_order(found: list[str], wanted: tuple[str, ...], prefix: bool) -> bool:

@@ -569,7 +569,7 @@ def test_scores_read_from_the_rows_are_the_index_s(memory: Memory, seed: int, mo
     scored = _scored_on_rows(monkeypatch)
     reordered = 0
     for _ in range(200):
-        text = " ".join(rng.choices(_TRICKY_QUERIES, k=rng.randint(1, 4)))
+        text = " ".join(rng.choices(_TRICKY_QUERIES, k=rng.randint(1, 8)))
         monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 1)
         on_rows = memory.search(text=text, limit=200)
         monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 10**9)
@@ -577,6 +577,25 @@ def test_scores_read_from_the_rows_are_the_index_s(memory: Memory, seed: int, mo
         reordered += on_rows != sorted(on_rows, reverse=True)
     assert reordered > 50  # titles and tags did reorder matches: the scores were compared
     assert None not in scored and len(scored) > 100  # and each came from the rows
+
+
+def test_a_query_of_many_words_is_scored_from_the_rows_however_many_match(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FTS5's column queries grow as the square of the phrases: a pasted sentence over more
+    matches than are ranked whole is scored from the rows, to the same ranking."""
+    words = [f"w{i}" for i in range(store.ROWS_FOR_ANY_COUNT_FROM)]
+    for i in range(30):
+        title = " ".join(words[: i % 4]) or "none"
+        memory.add(title, JAN_1 + i, text=" ".join(words), facts=[words[i % len(words)]])
+    monkeypatch.setattr(store, "RANK_ALL_UP_TO", 10)
+    scored = _scored_on_rows(monkeypatch)
+    query = " ".join(reversed(words))
+    on_rows = memory.search(text=query, limit=100)
+    assert len(on_rows) == 30 and len(scored) == 1 and scored[0]  # scored from the rows
+    monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 10**9)
+    assert memory.search(text=query, limit=100) == on_rows
+    assert on_rows != sorted(on_rows, reverse=True)  # titles and tags did reorder matches
 
 
 def _scored_on_rows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
