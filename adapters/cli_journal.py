@@ -26,7 +26,7 @@ from toolbus.adapters.report import one_more, print_audit_table, print_history, 
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
 from toolbus.bus.commands import SQLITE_INT_MAX
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
-from toolbus.journal import EditorStep, editor_steps, parse_path_map, recoverable
+from toolbus.journal import EditorStep, check_path_map, editor_steps, parse_path_map, recoverable
 
 Runner = Callable[[argparse.Namespace, Settings], int]
 _json = msgspec.json.Encoder()
@@ -407,6 +407,7 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
     with _reading(settings) as reader:
         steps = list(editor_steps(reader, start, end, path_map, host))
+    check_path_map(args.map, steps)
     if args.dry_run:
         for step in steps:
             print(f"would {step.describe()}")

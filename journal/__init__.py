@@ -2,7 +2,7 @@
 every backend shares (the editor steps a replay re-applies, what an event lets one recover)."""
 
 from toolbus.journal.recovery import Recoverable, recoverable
-from toolbus.journal.replay import EditorStep, PathMap, editor_steps, map_path, parse_path_map
+from toolbus.journal.replay import EditorStep, PathMap, check_path_map, editor_steps, map_path, parse_path_map
 from toolbus.journal.sqlite import SCHEMA_VERSION, SqliteJournal, default_journal_path
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "PathMap",
     "Recoverable",
     "SqliteJournal",
+    "check_path_map",
     "default_journal_path",
     "editor_steps",
     "map_path",

@@ -5,6 +5,7 @@ Backend-neutral: everything is read through the `JournalReader` port.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -44,14 +45,30 @@ PathMap = list[tuple[str, str]]
 
 
 def parse_path_map(pairs: Sequence[str]) -> PathMap:
-    """`--map FROM=TO` pairs as absolute directory prefixes, longest first."""
+    """`--map FROM=TO` pairs as absolute directory prefixes, longest first. FROM is matched as
+    typed and with its symlinks resolved: paths are recorded as Neovim resolves them."""
     mapping: PathMap = []
     for pair in pairs:
         old, sep, new = pair.partition("=")
         if not sep or not old or not new:
             raise ValueError(f"--map: expected FROM=TO (two directories), got {pair!r}")
-        mapping.append((typed_path(old), typed_path(new)))
+        typed = typed_path(old)
+        for spelling in dict.fromkeys((os.path.realpath(typed), typed)):
+            mapping.append((spelling, typed_path(new)))
     return sorted(mapping, key=lambda item: len(item[0]), reverse=True)
+
+
+def check_path_map(pairs: Sequence[str], steps: Sequence[EditorStep]) -> None:
+    """Refuse a `--map` that moves none of the steps: the files it was meant to keep out of
+    harm's way would be written where they were recorded."""
+    for pair in pairs:
+        mapping = parse_path_map([pair])
+        if not any(map_path(step.recorded_path, mapping) != step.recorded_path for step in steps):
+            old = pair.partition("=")[0]
+            raise ValueError(
+                f"--map {pair}: none of the {len(steps)} steps is a file under {typed_path(old)},"
+                " as typed or with its symlinks resolved; nothing was replayed"
+            )
 
 
 def map_path(path: str, mapping: PathMap) -> str:

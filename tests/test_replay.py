@@ -311,6 +311,27 @@ def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path:
     assert not (tmp_path / "out").exists()
 
 
+def test_replay_editor_maps_a_directory_named_through_a_symlink(session: EditorSession, tmp_path: Path) -> None:
+    """Paths are recorded resolved; a FROM spelled through a link still moves them. A map that
+    moves nothing is refused: the replay would write the recorded files themselves."""
+    link = tmp_path / "link"
+    link.symlink_to(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    run = cli("replay", "editor", "--dry-run", "--map", f"{link}={out}", "--journal", session.journal)
+    assert run.code == 0, run.err
+    assert run.out.splitlines()[0].startswith(f"would @1 save {out}/a.txt")
+    before = {path: path.read_bytes() for path in session.files.values() if path.exists()}
+    unused = cli(
+        "replay", "editor", "--nvim", "/nowhere", "--map", f"{tmp_path}/elsewhere={out}", "--journal", session.journal
+    )
+    assert unused.code == 2
+    assert unused.err.strip() == (
+        f"toolbus replay: --map {tmp_path}/elsewhere={out}: none of the {len(run.out.splitlines()) - 1} steps is"
+        f" a file under {tmp_path}/elsewhere, as typed or with its symlinks resolved; nothing was replayed"
+    )
+    assert {path: path.read_bytes() for path in session.files.values() if path.exists()} == before
+
+
 def test_replay_editor_goes_only_to_the_neovim_it_is_named(tmp_path: Path) -> None:
     """A replay changes files: it never finds a Neovim by itself, as its help says."""
     journal = tmp_path / "journal.db"
