@@ -6,6 +6,7 @@ naming the file; nothing half-written is ever left behind.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -50,13 +51,19 @@ def read_if_any(path: Path) -> bytes | None:
 
 def write_atomically(path: Path, content: bytes) -> None:
     """Replace `path` with `content` in one rename, keeping its permissions: a reader (or a
-    crash) sees the old text or the new, never half of it."""
+    crash) sees the old text or the new, never half of it, and a power cut after this returns
+    loses neither. A symlink stays one: the file it leads to is replaced. A file whose
+    permissions forbid us to write it is left alone, as an editor's write would leave it."""
+    path = Path(os.path.realpath(path))
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
+    else:
+        if not os.access(path, os.W_OK):  # a rename would get past it, as an editor does not
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".toolbus", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
@@ -68,3 +75,12 @@ def write_atomically(path: Path, content: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    _fsync_directory(path.parent)  # the rename itself
+
+
+def _fsync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

@@ -21,7 +21,7 @@ from tests.journal_helpers import EditorSession, OutcomesFail, cli, record_edito
 from toolbus.adapters.bootstrap import Services
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimEditor
-from toolbus.bus import Bus, Caller, CommandRecord, JournalUnavailable, JournalWriter, RestoreFile, blob_hash
+from toolbus.bus import Bus, Caller, CommandRecord, Fault, JournalUnavailable, JournalWriter, RestoreFile, blob_hash
 from toolbus.handlers import HANDLERS, Files
 from toolbus.handlers.restore import Restored
 from toolbus.journal import SqliteJournal
@@ -323,6 +323,31 @@ async def test_apply_keeps_the_text_it_replaces_before_writing(tmp_path: Path) -
     [restored] = reader.events("FileRestored")
     assert reply.position == restored["position"]
     assert restored["data"]["replaced_blob"] == blob_hash(b"current\n")
+
+
+@pytest.mark.anyio
+async def test_apply_through_a_symlink_replaces_the_file_it_leads_to(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.txt", tmp_path / "notes.txt"
+    real.write_bytes(b"current\n")
+    link.symlink_to(real)
+    await restore_in_process(tmp_path / "journal.db", link, LocalFiles())
+    assert link.is_symlink() and real.read_bytes() == RECORDED
+
+
+@pytest.mark.anyio
+async def test_apply_leaves_a_file_it_may_not_write_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even though a rename in a writable directory would get past the file's permissions
+    (root's writes are allowed, so the answer of `os.access` is played here)."""
+    target = tmp_path / "notes.txt"
+    target.write_bytes(b"current\n")
+    target.chmod(0o444)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+    with pytest.raises(Fault, match="Permission denied"):
+        await restore_in_process(tmp_path / "journal.db", target, LocalFiles())
+    assert target.read_bytes() == b"current\n"
+    [command] = JournalReader(tmp_path / "journal.db").commands("recover")
+    assert command["status"] == "failed" and command["error"] == f"cannot write {target}: Permission denied"
 
 
 @pytest.mark.anyio
