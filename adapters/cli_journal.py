@@ -278,8 +278,14 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     output = _output_file(args.output, args.force) if args.output else None
     with _reading(settings) as reader:
         found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
+        machine = _machine_of(reader, found.event) if args.apply else None
     where = f"event @{found.event.position}, {found.path}"
     if args.apply:
+        if machine is not None and machine != this_host():
+            raise ValueError(
+                f"event @{found.event.position} happened on {machine}, and --apply writes this machine's "
+                f"{found.path}: print the text (or -o FILE) and take it there"
+            )
         from toolbus.adapters.recover import apply_recovery
 
         position = apply_recovery(settings, found)
@@ -298,6 +304,14 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.flush()
         print(f"toolbus recover: {found.description} ({where})", file=sys.stderr)
     return 0
+
+
+def _machine_of(reader: JournalReader, event: StoredEvent) -> str | None:
+    """The machine an event about a file happened on; None when recorded before journals kept it."""
+    for entry in reader.history(str(event.data["path"])):
+        if entry.event.position == event.position:
+            return entry.host
+    return None
 
 
 def _output_file(name: str, force: bool) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -260,6 +261,25 @@ def test_apply_restores_replaced_text_and_neovim_keeps_it(live_session: EditorSe
     assert s.nvim.lines(a) == ["alpha 1"]
     [*_, last] = s.reader.events("DocumentSaved")
     assert last["data"]["disk_changed"] is True
+
+
+def test_apply_of_another_machines_event_is_refused(live_session: EditorSession) -> None:
+    """One path on two machines is two files: another machine's text is printed, not applied."""
+    s = live_session
+    a = s.files["a.txt"]
+    before = a.read_bytes()
+    with sqlite3.connect(s.journal) as conn:
+        conn.execute(
+            "UPDATE commands SET host = 'otherbox' WHERE id = (SELECT command_id FROM events WHERE position = 1)"
+        )
+    run = cli("recover", "1", "--apply", "--journal", s.journal)
+    assert run.code == 2
+    assert run.err == (
+        f"toolbus recover: event @1 happened on otherbox, and --apply writes this machine's {os.path.realpath(a)}:"
+        " print the text (or -o FILE) and take it there\n"
+    )
+    assert a.read_bytes() == before and s.reader.commands("recover") == []
+    assert cli("recover", "1", "--journal", s.journal).out == "alpha 1\n"
 
 
 def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_session: EditorSession) -> None:
