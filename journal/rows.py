@@ -124,6 +124,16 @@ def without_nul(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
+# JSON's escape of NUL, not an escaped backslash followed by "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def json_without_nul(text: str) -> str:
+    """JSON text as PostgreSQL's jsonb can read it: NUL, whose escape it refuses, becomes U+FFFD,
+    as `without_nul` makes it in text."""
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+
+
 def storable_row(row: tuple[object, ...]) -> tuple[object, ...]:
     """A row's text values `without_nul`."""
     return tuple(without_nul(value) if isinstance(value, str) else value for value in row)

@@ -22,13 +22,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
-from toolbus.bus.events import encode_event_data
+from toolbus.bus.events import decode_event, encode_event_data
 from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 from toolbus.journal.postgres.schema import SCHEMA, keeps_pending, schema_version
-from toolbus.journal.rows import Outcome, command_row, event_ids, storable_row, without_nul
+from toolbus.journal.rows import Outcome, command_row, event_ids, json_without_nul, storable_row, without_nul
 from toolbus.journal.worker import Worker
 
 T = TypeVar("T")
@@ -450,6 +450,10 @@ def _append(
     """Events at the next positions (the trigger gives them), then their projections."""
     positions = []
     for event_id, event in zip(ids, events, strict=True):
+        data = encode_event_data(event).decode()
+        if "\\u0000" in data:  # PostgreSQL holds no NUL: the event and its row get U+FFFD in its place
+            data = json_without_nul(data)
+            event = decode_event(event.type_name(), type(event).version, data)
         owner = (event.agent, event.department, event.visibility) if isinstance(event, ObservationSaved) else None
         row = (
             event_id,
@@ -458,7 +462,7 @@ def _append(
             type(event).version,
             event.stream,
             recorded_at,
-            encode_event_data(event).decode(),
+            data,
             *(owner or (agent, department, _PRIVATE)),
         )
         inserted = conn.execute(_INSERT_EVENT, storable_row(row)).fetchone()
