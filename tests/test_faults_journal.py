@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults_helpers import assert_sound, can_mount, remount, saved_titles, small_filesystem
+from tests.journal_helpers import cli
 from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
 
 
@@ -115,6 +116,28 @@ def test_a_journal_on_a_read_only_file_system_is_a_clear_error(tmp_path: Path) -
         remount(place, "rw")
         assert_sound(journal)
         assert list(saved_titles(journal).values()) == ["kept"]
+
+
+def test_read_commands_read_a_journal_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """Nothing can be created there, not even the -shm index SQLite reads a log with: a journal
+    whose log is empty is read whole from its file; one with a log is a one-line error."""
+    with small_filesystem(tmp_path / "state", "2m") as place:
+        journal = place / "journal.db"
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "first.stderr") as server:
+            server.initialize()
+            result_json(save(server, "kept"))
+        remount(place, "ro")
+        audit = cli("audit", "--tool", "save", "--journal", journal)
+        assert audit.code == 0 and "kept" in audit.out, audit.err
+        remount(place, "rw")
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "second.stderr") as server:
+            server.initialize()
+            result_json(save(server, "in the log"))
+            server.process.kill()  # its log stays behind, unread into the file
+        remount(place, "ro")
+        audit = cli("audit", "--journal", journal)
+        remount(place, "rw")
+    assert audit.code == 0 and "in the log" in audit.out, audit.err
 
 
 # --- full --------------------------------------------------------------------------------------

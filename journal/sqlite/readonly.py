@@ -47,15 +47,23 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     """A connection to a toolbus journal that cannot write (`query_only`).
 
     A WAL database needs its `-shm` index even to read. A normal connection creates it and
-    removes it again when it is the last to close; `mode=ro` would leave it behind. So the
-    journal is opened normally with writes switched off, and `mode=ro` is the fallback for a
-    journal in a directory we may not write to.
+    removes it again when it is the last to close; `mode=ro` would leave it (and a `-wal`
+    file) behind, which would then keep a writer out of a journal made writable again. So the
+    journal is opened normally with writes switched off. One we may not write to (the file,
+    or its directory) is read as immutable when its write-ahead log holds nothing: all of it
+    is in the file, and nothing is created. With a log to read, `mode=ro` is the last resort.
     """
     require_journal(path)
     try:
         conn = _connect(path, busy_timeout, uri_mode=None)
     except sqlite3.OperationalError:
-        conn = _connect(path, busy_timeout, uri_mode="ro")
+        try:
+            conn = _connect(path, busy_timeout, uri_mode="ro" if _has_wal(path) else "ro&immutable=1")
+        except sqlite3.OperationalError as error:
+            raise JournalUnavailable(
+                f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
+                " its write-ahead log to read it: copy the journal with its -wal file somewhere writable"
+            ) from None
     try:
         if check_identity(conn) == 0:
             raise JournalUnavailable(f"not a toolbus journal: {path} holds no journal tables")
