@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from tests.rpc_client import StdioServer, result_json, toolbus_argv
 from toolbus.bus import AuditQuery
 from toolbus.journal.sqlite.audit import _command_sql, _driving_column
 from toolbus.journal.sqlite.readonly import open_readonly
@@ -196,6 +197,21 @@ def test_table_for_people(session: EditorSession) -> None:
     # aligned: every row's STATUS column starts where the header's does
     column = header.index("STATUS")
     assert all(row[column:].split()[0] in ("ok", "rejected", "failed", "in_doubt") for row in rows)
+
+
+def test_table_shows_control_characters_as_escapes_never_sends_them(tmp_path: Path) -> None:
+    """An agent's text must not clear the user's screen or forge a line of the audit."""
+    journal = tmp_path / "journal.db"
+    title = "\x1b]0;owned\x07\x1b[2Jred\nFAKE 2026-01-01 save ok"
+    with StdioServer(toolbus_argv(journal), stderr=tmp_path / "server.stderr") as server:
+        server.initialize()
+        result_json(server.call_tool("save", {"title": title, "text": "x"}))
+    run = cli("audit", "--journal", journal)
+    assert run.code == 0, run.err
+    [line] = [line for line in run.out.splitlines() if "owned" in line]
+    assert "\\x1b]0;owned\\x07\\x1b[2Jred\\nFAKE 2026-01-01 save ok" in line
+    assert not any(char in run.out for char in "\x1b\x07")
+    assert len(run.out.splitlines()) == 2  # the header and the one command
 
 
 def test_table_says_when_nothing_matches(session: EditorSession) -> None:
