@@ -449,6 +449,9 @@ class SaveObservation(Command, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.extra and len(msgspec.json.encode(self.extra)) > MAX_TEXT_BYTES:
             raise ValueError(f"extra fields: expected at most {MAX_TEXT_BYTES} bytes of JSON in all")
+        for name, texts in (("facts", self.facts), ("concepts", self.concepts)):
+            if (given := sum(map(len, texts))) > MAX_TEXT_BYTES:
+                raise ValueError(f"{name}: expected at most {MAX_TEXT_BYTES} characters in all, got {given}")
 
 
 # One JSON type per schema node (`anyOf` for two): strict clients reject a list-valued `type`.

@@ -437,6 +437,17 @@ async def test_numbers_past_sqlite_integers_are_invalid_arguments_naming_the_fie
     assert len(journal.events()) == 1
 
 
+async def test_facts_are_bounded_in_all_not_only_each(journal_path: Path, journal: JournalReader) -> None:
+    """One call cannot balloon the journal: 1,000 facts of a million characters each are refused."""
+    async with toolbus(journal_path, None) as client:
+        result = await client.call_tool("save", {"title": "t", "text": "x", "facts": ["f" * 600_000] * 2})
+        assert result.is_error and text_of(result) == (
+            "Invalid arguments for save: facts: expected at most 1000000 characters in all, got 1200000"
+        )
+        await save(client, title="t", text="x", facts=["f" * 500_000] * 2)  # up to the bound
+    assert [command["status"] for command in journal.commands("save")] == ["rejected", "ok"]
+
+
 async def test_the_last_day_a_date_holds_is_a_valid_bound(journal_path: Path) -> None:
     async with toolbus(journal_path, None) as client:
         await save(client, title="t", text="x")
