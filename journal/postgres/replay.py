@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from toolbus.bus import MemoryCheck, ObservationSaved, decode_event
+from toolbus.bus import JournalUnavailable, MemoryCheck, ObservationSaved, decode_event
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 
 _BATCH = 1000
@@ -20,9 +20,15 @@ _OBSERVATIONS = "SELECT position, version, data FROM events WHERE type = 'Observ
 def rebuild_memory(conn: psycopg.Connection[Any]) -> int:
     """Empty the store and project every saved observation again, in one transaction; the
     observation count. Only the journal's owner (the team's admin) may: agents cannot delete."""
-    with conn.transaction():
-        conn.execute("TRUNCATE observations")
-        count = _project(conn, "observations")
+    try:
+        with conn.transaction():
+            conn.execute("TRUNCATE observations")
+            count = _project(conn, "observations")
+    except psycopg.errors.InsufficientPrivilege:
+        raise JournalUnavailable(
+            "only the team's admin may rebuild the memory store (every agent's notes): run it with the"
+            " admin's URL; `toolbus replay memory --check` works for any agent"
+        ) from None
     conn.execute("ANALYZE observations")  # the planner's statistics for the new rows: searches pick the word index
     return count
 
