@@ -196,7 +196,9 @@ def file_streams(path: str) -> tuple[str, ...]:
     followed), and as typed, for a file since deleted or moved."""
     typed = typed_path(path)
     # Resolved before `..` is taken off: after a symlink it leads to the link target's parent.
-    resolved = os.path.realpath(os.path.join(os.getcwd(), os.path.expanduser(path)))
+    # An absolute path needs no current directory (which may have been deleted).
+    expanded = os.path.expanduser(path)
+    resolved = os.path.realpath(expanded if os.path.isabs(expanded) else os.path.join(os.getcwd(), expanded))
     return tuple(dict.fromkeys((file_stream(resolved), file_stream(typed))))
 
 

@@ -9,6 +9,8 @@ import os
 import socket
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,6 +90,24 @@ def test_history_json_lines(session: EditorSession) -> None:
     assert saved["event"]["data"]["disk_changed"] is False
     assert refused["event"]["type"] == "DocumentSaveRefused"
     assert refused["event"]["data"]["reason"] == "not_open"
+
+
+def test_history_and_audit_of_an_absolute_path_need_no_current_directory(
+    session: EditorSession, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    path, journal = str(session.files["a.txt"]), str(session.journal.resolve())
+
+    def in_a_deleted_directory(*args: str) -> subprocess.CompletedProcess[str]:
+        script = f'cd "{gone}" && rmdir "{gone}" && exec "$0" -m toolbus.adapters.cli "$@"'
+        return subprocess.run(["sh", "-c", script, sys.executable, *args], capture_output=True, text=True, timeout=60)
+
+    history = in_a_deleted_directory("history", path, "--journal", journal)
+    assert history.returncode == 0 and history.stdout.startswith(f"{os.path.realpath(path)}: 2 events"), history.stderr
+    gone.mkdir()
+    audit = in_a_deleted_directory("audit", "--path", path, "--journal", journal)
+    assert audit.returncode == 0 and len(audit.stdout.splitlines()) == 3, audit.stderr
 
 
 def test_history_of_a_file_never_touched(session: EditorSession) -> None:
