@@ -9,17 +9,13 @@ from typing import TYPE_CHECKING, Protocol
 from toolbus.adapters.config import Identity, Settings, local_identity
 from toolbus.adapters.files import LocalFiles
 from toolbus.adapters.nvim import NvimAddress, NvimEditor, find_nvim
-from toolbus.bus import TOOL_COMMANDS, Bus, Command, JournalReader, ReplayClose, ReplayWrite, RestoreFile
+from toolbus.bus import CLI_COMMANDS, TOOL_COMMANDS, Bus, JournalReader
 from toolbus.handlers import HANDLERS, Editor, Files, MemoryStore, Texts
 from toolbus.journal.sqlite import JournalTexts, SqliteJournal, SqliteMemoryStore, SqliteReader
 from toolbus.journal.sqlite.readonly import require_journal
 
 if TYPE_CHECKING:  # psycopg loads only for a team journal
     from toolbus.journal.postgres import PostgresJournal
-
-
-# Commands only the command line runs: never listed as MCP tools.
-CLI_COMMANDS: tuple[type[Command], ...] = (RestoreFile, ReplayWrite, ReplayClose)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_argumen
 from toolbus.adapters.demo import add_demo
 from toolbus.adapters.report import one_more, print_audit_table, print_history, size
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
-from toolbus.bus.commands import SQLITE_INT_MAX
+from toolbus.bus.commands import CLI_COMMANDS, SQLITE_INT_MAX, TOOL_COMMANDS
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
 from toolbus.journal import EditorStep, check_path_map, editor_steps, parse_path_map, recoverable
 
@@ -193,7 +193,7 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
 
 def audit_query(args: argparse.Namespace) -> Any:
     """The filters as typed, checked: raises ValueError naming the option."""
-    return AuditQuery(
+    query = AuditQuery(
         tool=args.tool,
         paths=file_streams(args.path) if args.path else (),
         status=parse_status(args.status) if args.status is not None else None,
@@ -205,6 +205,20 @@ def audit_query(args: argparse.Namespace) -> Any:
         host=chosen_host(args, this_host() if args.path else None),
         limit=parse_limit(args.limit),
     )
+    if query.since is not None and query.until is not None and query.since >= query.until:
+        raise ValueError(f"--since {args.since} is not before --until {args.until}: no call could match")
+    return query
+
+
+def _nothing_matched(query: AuditQuery) -> str:
+    """Why an audit found nothing, when a filter as typed is the likely reason."""
+    known = {command.tool for command in (*TOOL_COMMANDS, *CLI_COMMANDS)}
+    if query.tool is not None and query.tool not in known:
+        alike = [tool for tool in sorted(known) if tool.lower() == query.tool.lower()]
+        return f"no commands match: --tool {query.tool} is no tool" + (f" (did you mean {alike[0]}?)" if alike else "")
+    if query.paths and query.host is not None:
+        return f"no commands match on {query.host} (--all-hosts for every machine's)"
+    return "no commands match"
 
 
 def run_audit(args: argparse.Namespace, settings: Settings) -> int:
@@ -216,7 +230,7 @@ def run_audit(args: argparse.Namespace, settings: Settings) -> int:
         left_out = next(entries, None) is not None
     if not args.json:
         if shown == 0:
-            print("no commands match", file=sys.stderr)
+            print(_nothing_matched(query), file=sys.stderr)
         elif left_out:
             print(f"(the newest {shown} shown; --limit 0 for all)", file=sys.stderr)
     return 0

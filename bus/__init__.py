@@ -1,6 +1,7 @@
 """The core: typed commands and events, and the bus that runs them. Imports nothing of ours."""
 
 from toolbus.bus.commands import (
+    CLI_COMMANDS,
     TOOL_COMMANDS,
     CheckDocumentDirty,
     CloseAllDiffTabs,
@@ -81,6 +82,7 @@ from toolbus.bus.journal import (
 from toolbus.bus.messagebus import Bus, Handler, HandlerContext, Reply, TextItems, decode_command
 
 __all__ = [
+    "CLI_COMMANDS",
     "EVENT_TYPES",
     "RECOVERABLE_FIELDS",
     "STATUSES",

@@ -555,3 +555,6 @@ TOOL_COMMANDS: tuple[type[Command], ...] = (
     Timeline,
     GetObservations,
 )
+
+# Commands only the command line runs: never listed as MCP tools.
+CLI_COMMANDS: tuple[type[Command], ...] = (RestoreFile, ReplayWrite, ReplayClose)

@@ -214,10 +214,15 @@ def test_table_shows_control_characters_as_escapes_never_sends_them(tmp_path: Pa
     assert len(run.out.splitlines()) == 2  # the header and the one command
 
 
-def test_table_says_when_nothing_matches(session: EditorSession) -> None:
+def test_table_says_when_nothing_matches_and_which_filter_may_be_why(session: EditorSession) -> None:
     run = cli("audit", "--journal", session.journal, "--tool", "no-such-tool")
-    assert (run.code, run.out) == (0, "")
-    assert "no commands match" in run.err
+    assert (run.code, run.out, run.err) == (0, "", "no commands match: --tool no-such-tool is no tool\n")
+    run = cli("audit", "--journal", session.journal, "--tool", "savedocument")
+    assert run.err == "no commands match: --tool savedocument is no tool (did you mean saveDocument?)\n"
+    run = cli("audit", "--journal", session.journal, "--path", session.files["a.txt"], "--host", "elsewhere")
+    assert run.err == "no commands match on elsewhere (--all-hosts for every machine's)\n"
+    run = cli("audit", "--journal", session.journal, "--tool", "recover", "--status", "failed")
+    assert run.err == "no commands match\n"  # a tool of the command line's, none of which failed
 
 
 def test_audit_leaves_the_journal_as_it_was(session: EditorSession, tmp_path: Path) -> None:

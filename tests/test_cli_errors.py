@@ -233,6 +233,7 @@ def test_other_bad_values(journal: Path, args: list[str], fragment: str) -> None
         (["audit", "--since", "1000000d"], "--since: '1000000d' is out of range"),
         (["audit", "--until", "9999-12-31T23:59:59-14:00"], "--until: '9999-12-31T23:59:59-14:00' is out of range"),
         (["audit", "--limit", "99999999999999999999999"], "--limit: expected at most"),
+        (["audit", "--since", "2h", "--until", "3h"], "--since 2h is not before --until 3h: no call could match"),
         (["history", "/tmp/x", "--limit", "99999999999999999999999"], "--limit: expected at most"),
         (["replay", "editor", "--from", "99999999999999999999", "--dry-run"], "--from: expected an event position"),
         (["replay", "editor", "--to", "@99999999999999999999", "--dry-run"], "--to: expected an event position"),
