@@ -435,6 +435,10 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
     with _reading(settings) as reader:
         steps = list(editor_steps(reader, start, end, path_map, host))
+        elsewhere = 0 if steps or host is None else sum(1 for _ in editor_steps(reader, start, end, path_map))
+    if elsewhere:
+        print(f"0 steps on {host}; {elsewhere} on other machines (--host NAME or --all-hosts)", file=sys.stderr)
+        return 0
     check_path_map(args.map, steps)
     if args.dry_run:
         for step in steps:

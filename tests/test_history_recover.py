@@ -184,6 +184,9 @@ def test_serve_records_this_machine_and_history_keeps_to_it(
     assert replayed() == [f"would @{mine} save {path}: write 4 bytes"]
     assert replayed("--host", "other-machine") == [f"would @{theirs} save {path}: write 7 bytes"]
     assert len(replayed("--all-hosts")) == 2
+    nowhere = cli("replay", "editor", "--dry-run", "--host", "nowhere", "--journal", journal)
+    assert (nowhere.code, nowhere.out) == (0, "")
+    assert nowhere.err == "0 steps on nowhere; 2 on other machines (--host NAME or --all-hosts)\n"
     assert cli("history", path, "--host", "x", "--all-hosts", "--journal", journal).code == 2
 
 
