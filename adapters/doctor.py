@@ -6,11 +6,15 @@ import os
 import platform
 import sqlite3
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from toolbus.adapters.bootstrap import identity, open_reader
 from toolbus.adapters.config import Settings, local_identity
-from toolbus.adapters.nvim import blocking_request, find_nvim
+from toolbus.adapters.nvim import ProbeFailed, find_nvim, probe
 from toolbus.bus import JournalUnavailable
+
+if TYPE_CHECKING:
+    import pynvim
 
 
 def diagnose(settings: Settings, toolbus_version: str) -> tuple[str, bool]:
@@ -39,20 +43,21 @@ def _check_nvim(settings: Settings, lines: list[str]) -> bool:
             "Start Neovim with --listen ADDRESS and pass that address with --nvim or $TOOLBUS_NVIM"
         )
         return False
-    answer = blocking_request(
-        found.address,
-        lambda nvim: (nvim.request("nvim_exec_lua", "return tostring(vim.version())", []), nvim.funcs.getcwd()),
-        timeout=settings.nvim_timeout,
-    )
-    if answer is None:
+    try:
+        info, cwd = probe(found.address, _version_and_cwd, timeout=settings.nvim_timeout)
+    except ProbeFailed as failed:
         lines.append(
-            f"✗ neovim: {found.address} (from {found.source}) does not answer within {settings.nvim_timeout:g} s. "
+            f"✗ neovim: {found.address} (from {found.source}) {failed}. "
             "Is that Neovim running? Check :echo v:servername inside it"
         )
         return False
-    info, cwd = answer
     lines.append(f"✓ neovim: {found.address} (from {found.source}) answers: NVIM v{info}, cwd {cwd}")
     return True
+
+
+def _version_and_cwd(nvim: pynvim.Nvim) -> tuple[str, str]:
+    version = "local v = vim.version() return ('%d.%d.%d'):format(v.major, v.minor, v.patch)"
+    return str(nvim.request("nvim_exec_lua", version, [])), str(nvim.funcs.getcwd())
 
 
 def _check_journal(settings: Settings, lines: list[str]) -> bool:

@@ -151,25 +151,40 @@ def _ask_cwd(path: str) -> str | None:
 
 
 def blocking_request(address: str, call: NvimCall[T], timeout: float) -> T | None:
-    """One request on a throwaway connection from synchronous code (discovery, doctor):
-    on a thread of its own, so a blocked Neovim costs `timeout`, never a hang. None on failure."""
+    """`probe`, None on failure (discovery)."""
+    try:
+        return probe(address, call, timeout)
+    except ProbeFailed:
+        return None
+
+
+class ProbeFailed(Exception):
+    """A Neovim did not answer a probe; the message says how."""
+
+
+def probe(address: str, call: NvimCall[T], timeout: float) -> T:
+    """One request on a throwaway connection from synchronous code (discovery, doctor): on a
+    thread of its own, so a blocked Neovim costs `timeout`, never a hang."""
     answer: list[T] = []
+    failures: list[Exception] = []
 
     def ask() -> None:
-        with attach(address) as nvim:
-            answer.append(call(nvim))
+        try:
+            with attach(address) as nvim:
+                answer.append(call(nvim))
+        except Exception as error:
+            log.debug("Neovim probe failed", exc_info=True)
+            failures.append(error)
 
-    worker = threading.Thread(target=_quietly, args=(ask,), name="toolbus-nvim-probe", daemon=True)
+    worker = threading.Thread(target=ask, name="toolbus-nvim-probe", daemon=True)
     worker.start()
     worker.join(timeout)
-    return answer[0] if answer else None
-
-
-def _quietly(work: Callable[[], None]) -> None:
-    try:
-        work()
-    except Exception:
-        log.debug("Neovim probe failed", exc_info=True)
+    if answer:
+        return answer[0]
+    if failures:
+        error = failures[0]
+        raise ProbeFailed(f"cannot be reached: {error.strerror if isinstance(error, OSError) else error}")
+    raise ProbeFailed(f"does not answer within {timeout:g} s")
 
 
 def attach(address: str) -> pynvim.Nvim:

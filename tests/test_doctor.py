@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 def test_doctor_reports_a_working_setup(nvim: NeovimProcess, journal_path: Path) -> None:
     result = doctor("--journal", str(journal_path), env={"NVIM": nvim.address})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"✓ neovim: {nvim.address} (from $NVIM) answers: NVIM v" in result.stdout
+    version = nvim.lua("local v = vim.version() return v.major .. '.' .. v.minor .. '.' .. v.patch")
+    assert f"✓ neovim: {nvim.address} (from $NVIM) answers: NVIM v{version}, cwd" in result.stdout
     assert f"✓ journal: {journal_path} (will be created on first use)" in result.stdout
     assert "versions: toolbus" in result.stdout and "mcp 2." in result.stdout
     assert not journal_path.exists()  # looking is not creating
@@ -40,8 +42,20 @@ def test_doctor_fails_and_says_what_to_do_without_neovim(tmp_path: Path, journal
     gone = str(tmp_path / "gone.sock")
     result = doctor("--journal", str(journal_path), env={"TOOLBUS_NVIM": gone})
     assert result.returncode == 1
-    assert f"✗ neovim: {gone} (from $TOOLBUS_NVIM) does not answer" in result.stdout
+    assert f"✗ neovim: {gone} (from $TOOLBUS_NVIM) cannot be reached: No such file or directory." in result.stdout
     assert "v:servername" in result.stdout
+
+
+def test_doctor_says_a_neovim_that_is_there_but_silent_does_not_answer(tmp_path: Path, journal_path: Path) -> None:
+    silent = socket.socket(socket.AF_UNIX)  # listens, never answers: a Neovim stopped in its tracks
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen()
+    with silent:
+        result = doctor(
+            "--journal", str(journal_path), "--nvim", str(tmp_path / "silent.sock"), "--nvim-timeout", "0.5"
+        )
+    assert result.returncode == 1
+    assert f"✗ neovim: {tmp_path / 'silent.sock'} (from --nvim) does not answer within 0.5 s." in result.stdout
 
 
 def test_doctor_flags_a_file_that_is_not_a_journal(nvim: NeovimProcess, tmp_path: Path) -> None:
