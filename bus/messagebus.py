@@ -12,6 +12,7 @@ cancellation: `cancelled`, or `in_doubt` when it may have acted outside the jour
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -236,6 +237,8 @@ def decode_command(command_type: type[C], arguments: object) -> C:
             f"{printable(name)}: expected valid Unicode text, got a lone surrogate "
             "(half of a UTF-16 pair, as when a string is cut inside an emoji)",
         )
+    # A client may send null for an argument it leaves unset: the default, as when it is absent.
+    args = {name: value for name, value in args.items() if value is not None or name not in _defaulted(command_type)}
     if "extra" in command_type.__struct_fields__:
         known = set(command_type.__struct_fields__)
         args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
@@ -247,6 +250,12 @@ def decode_command(command_type: type[C], arguments: object) -> C:
         raise InvalidArguments(command_type.tool, _explain(command_type, str(error), args)) from None
     except UnicodeEncodeError:  # msgspec meets a lone surrogate where it compares or encodes text
         raise InvalidArguments(command_type.tool, "text must be valid Unicode (it holds a lone surrogate)") from None
+
+
+@functools.cache
+def _defaulted(command_type: type[Command]) -> frozenset[str]:
+    """The arguments of a command that have a default (`extra`, the fields no schema names, aside)."""
+    return frozenset(f.name for f in msgspec.structs.fields(command_type) if not f.required and f.name != "extra")
 
 
 _JSON_TYPES: dict[type, str] = {str: "str", list: "array", bool: "bool", int: "int", float: "float"}

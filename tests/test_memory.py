@@ -437,6 +437,19 @@ async def test_numbers_past_sqlite_integers_are_invalid_arguments_naming_the_fie
     assert len(journal.events()) == 1
 
 
+async def test_null_for_an_argument_with_a_default_means_the_default(journal_path: Path) -> None:
+    """As clients send it for what they leave unset. A field no schema names keeps its null."""
+    async with toolbus(journal_path, None) as client:
+        saved = await save(client, title="t", text="x", type=None, project=None, facts=None, files_read=None)
+        [note] = (await call(client, "get_observations", ids=[saved["id"]]))["observations"]
+        assert (note["type"], note["project"], note["facts"], note["files_read"]) == ("discovery", "manual", [], None)
+        page = await call(client, "search", query="t", limit=None, offset=None, orderBy=None)
+        assert (page["total"], page["limit"], page["offset"]) == (1, 20, 0)
+        assert (await call(client, "timeline", anchor=saved["id"], depth_before=None))["anchor"] == saved["id"]
+        refused = await client.call_tool("save", {"title": None, "text": "x"})  # required: null is no title
+        assert refused.is_error and text_of(refused) == "Invalid arguments for save: title: expected str, got null"
+
+
 async def test_facts_are_bounded_in_all_not_only_each(journal_path: Path, journal: JournalReader) -> None:
     """One call cannot balloon the journal: 1,000 facts of a million characters each are refused."""
     async with toolbus(journal_path, None) as client:
