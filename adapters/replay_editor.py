@@ -37,12 +37,14 @@ def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorSte
 
 
 async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], report: Report) -> None:
-    for step in steps:
+    for count, step in enumerate(steps):
         try:
             done = await _apply(bus, caller, step)
         except ToolbusError as error:
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
-            raise Fault(f"replay stopped at @{step.position}: {message}") from None
+            steps_done = f"{count} step{'s' if count != 1 else ''}"
+            go_on = f" ({steps_done} before it done: --from {step.position} goes on from here)" if count else ""
+            raise Fault(f"replay stopped at @{step.position}: {message}{go_on}") from None
         report(done)
 
 

@@ -342,6 +342,26 @@ def test_replay_editor_goes_only_to_the_neovim_it_is_named(tmp_path: Path) -> No
     assert "--nvim ADDRESS socket path or host:port of the Neovim to replay to (required unless --dry-run)" in help_text
 
 
+def test_a_replay_stopped_part_way_says_where_to_go_on_from(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "b.txt").write_text("mine\n")
+    second_nvim.edit(out / "b.txt")
+    second_nvim.set_lines(out / "b.txt", ["my unsaved work"])
+    closed = session.position("TabClosed", "b.txt")
+    run = cli("replay", "editor", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
+    done = run.out.splitlines()
+    assert run.code == 2 and done and all(int(line.split()[0][1:]) < closed for line in done)
+    assert run.err == (
+        f"toolbus replay: replay stopped at @{closed}: {out}/b.txt has unsaved changes in this Neovim: save or close"
+        f" it, then replay again ({len(done)} step{'s' if len(done) != 1 else ''} before it done: --from {closed}"
+        " goes on from here)\n"
+    )
+
+
 def test_replay_editor_never_overwrites_unsaved_changes(
     session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
 ) -> None:
