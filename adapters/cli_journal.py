@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -289,7 +290,7 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     reference = parse_event_reference(args.event)
     if args.force and not args.output:
         raise ValueError("--force goes only with -o FILE, whose existing file it lets recover overwrite")
-    output = _output_file(args.output, args.force) if args.output else None
+    output = _output_file(os.path.expanduser(args.output), args.force) if args.output else None
     with _reading(settings) as reader:
         found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
         machine = _machine_of(reader, found.event) if args.apply else None

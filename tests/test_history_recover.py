@@ -219,6 +219,11 @@ def test_recover_to_a_file(session: EditorSession, tmp_path: Path) -> None:
     run = cli("recover", "1", "-o", out, "--journal", session.journal)
     assert (run.code, run.out) == (0, "")
     assert out.read_bytes() == b"alpha 1\n"
+    home = cli("recover", "1", "-o", "~/recovered.txt", "--journal", session.journal, env={"HOME": str(tmp_path / "h")})
+    assert home.code == 2 and home.err.startswith(f"toolbus recover: -o: {tmp_path / 'h'} does not exist"), home.err
+    (tmp_path / "h").mkdir()
+    home = cli("recover", "1", "-o", "~/recovered.txt", "--journal", session.journal, env={"HOME": str(tmp_path / "h")})
+    assert home.code == 0 and (tmp_path / "h" / "recovered.txt").read_bytes() == b"alpha 1\n", home.err
 
 
 def test_recover_of_an_event_without_text_says_why(session: EditorSession) -> None:
