@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings
-from toolbus.bus import typed_path
+from toolbus.bus import JournalNotFound, typed_path
 from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url, shown
 
 if TYPE_CHECKING:  # psycopg loads only for the commands that use it
@@ -110,7 +110,10 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
     if why := not_a_file(args.source):
         raise ValueError(f"SQLITE_FILE: expected the local journal's file, got {why} (the team's URL comes second)")
     source_path = Path(typed_path(args.source))
-    require_journal(source_path)
+    try:
+        require_journal(source_path)
+    except JournalNotFound:  # its usual words name --journal, which copy has not
+        raise JournalNotFound(f"no journal at {source_path}: SQLITE_FILE names the local journal to copy") from None
     url = _team_url(args.url)
     source, target = SqliteReader(source_path), PostgresJournal(url)
     try:

@@ -140,6 +140,15 @@ def test_journal_copy_given_the_team_url_first_says_so_without_its_password(tmp_
     assert "s3cret" not in run.err
 
 
+def test_journal_copy_of_a_missing_file_names_its_argument(tmp_path: Path) -> None:
+    run = cli("journal", "copy", tmp_path / "nowhere.db", "postgresql://alice@db.example/team")
+    assert run.code == 2
+    assert (
+        run.err
+        == f"toolbus journal: no journal at {tmp_path / 'nowhere.db'}: SQLITE_FILE names the local journal to copy\n"
+    )
+
+
 def test_a_team_url_is_read_whatever_the_case_of_its_scheme() -> None:
     assert journal_location("POSTGRESQL://alice@db.example/team", {}) == "postgresql://alice@db.example/team"
     assert journal_location("Postgres://alice@db.example/team", {}) == "postgres://alice@db.example/team"
