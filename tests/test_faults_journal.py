@@ -10,7 +10,11 @@ is tested at start; a running server meets a full disk instead.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -138,6 +142,26 @@ def test_read_commands_read_a_journal_on_a_read_only_file_system(tmp_path: Path)
         audit = cli("audit", "--journal", journal)
         remount(place, "rw")
     assert audit.code == 0 and "in the log" in audit.out, audit.err
+
+
+def test_a_read_of_a_journal_file_it_may_not_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Not even the -wal and -shm files a read-only SQLite connection makes, which would keep a
+    writer out once the journal is writable again. Read as another user where the tests are root."""
+    place = Path(tempfile.mkdtemp(prefix="toolbus-ro-"))  # not under pytest's private directory
+    try:
+        place.chmod(0o777)
+        journal = place / "journal.db"
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "server.stderr") as server:
+            server.initialize()
+            result_json(save(server, "kept"))
+        journal.chmod(0o444)
+        as_another_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        audit = [sys.executable, "-m", "toolbus.adapters.cli", "audit", "--journal", str(journal)]
+        run = subprocess.run([*as_another_user, *audit], capture_output=True, text=True, timeout=60, cwd=place)
+        assert run.returncode == 0 and "kept" in run.stdout, run.stderr
+        assert [path.name for path in place.iterdir()] == ["journal.db"]
+    finally:
+        shutil.rmtree(place)
 
 
 # --- full --------------------------------------------------------------------------------------

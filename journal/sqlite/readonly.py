@@ -54,16 +54,15 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     is in the file, and nothing is created. With a log to read, `mode=ro` is the last resort.
     """
     require_journal(path)
-    try:
-        conn = _connect(path, busy_timeout, uri_mode=None)
-    except sqlite3.OperationalError:
+    # SQLite opens a file it may not write read-only without a word, and such a connection
+    # leaves its -wal and -shm files behind: ask first.
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
         try:
-            conn = _connect(path, busy_timeout, uri_mode="ro" if _has_wal(path) else "ro&immutable=1")
-        except sqlite3.OperationalError as error:
-            raise JournalUnavailable(
-                f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
-                " its write-ahead log to read it: copy the journal with its -wal file somewhere writable"
-            ) from None
+            conn = _connect(path, busy_timeout, uri_mode=None)
+        except sqlite3.OperationalError:
+            conn = _connect_read_only(path, busy_timeout)
+    else:
+        conn = _connect_read_only(path, busy_timeout)
     try:
         if check_identity(conn) == 0:
             raise JournalUnavailable(f"not a toolbus journal: {path} holds no journal tables")
@@ -74,6 +73,17 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _connect_read_only(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """A journal we may not write to: immutable when its log holds nothing, else `mode=ro`."""
+    try:
+        return _connect(path, busy_timeout, uri_mode="ro" if _has_wal(path) else "ro&immutable=1")
+    except sqlite3.OperationalError as error:
+        raise JournalUnavailable(
+            f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
+            " its write-ahead log to read it: copy the journal with its -wal file somewhere writable"
+        ) from None
 
 
 def _connect(path: Path, busy_timeout: float, uri_mode: str | None) -> sqlite3.Connection:
