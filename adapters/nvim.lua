@@ -594,6 +594,10 @@ end
 -- the buffer is made read-only, as answering "Open Read-Only" would.
 local function load(path)
   local buf = find_open(path) or vim.fn.bufadd(path)
+  if not is_file_buffer(buf) then -- bufadd() gives a plugin's buffer that has the file's name
+    local buftype = vim.bo[buf].buftype
+    error(("%s is the name of a buffer that is not the file's ('buftype' %s): close it first"):format(path, buftype), 0)
+  end
   if not api.nvim_buf_is_loaded(buf) then
     local ok, err = pcall(vim.fn.bufload, buf)
     if not ok and not (api.nvim_buf_is_loaded(buf) and tostring(err):find('E325', 1, true)) then
@@ -677,7 +681,10 @@ function M.open_file(path, ask)
   if not (stat and stat.type ~= 'directory') and not find_open(path) then
     return { status = stat and 'directory' or 'not_found' }
   end
-  local buf = load(path)
+  local loaded, buf = pcall(load, path)
+  if not loaded then
+    return { status = 'refused', message = buf }
+  end
   local opened = { status = 'loaded', languageId = language(buf), lineCount = api.nvim_buf_line_count(buf) }
   if not ask.makeFrontmost then
     return opened

@@ -17,6 +17,7 @@ from toolbus.bus import (
     HandlerContext,
     NotFound,
     OpenFile,
+    Refused,
 )
 from toolbus.handlers.editor import Failure, editor_of
 from toolbus.handlers.ports import FileDiagnostics, FileOpened, Selection, WorkspaceFolder
@@ -64,6 +65,8 @@ async def open_file(command: OpenFile, context: HandlerContext[Any]) -> str | Lo
         raise NotFound(f"File not found: {command.filePath}")
     if opened.status == "directory":
         raise NotFound(f"File not found: {command.filePath} is a directory")
+    if opened.status == "refused":
+        raise Refused(f"Cannot open {command.filePath}: {opened.message}")
     if opened.status == "loaded":
         return Loaded(success=True, filePath=command.filePath, languageId=opened.languageId, lineCount=opened.lineCount)
     what = _what_was_selected(opened)

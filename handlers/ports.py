@@ -119,7 +119,8 @@ class WorkspaceFolder(msgspec.Struct, frozen=True):
 class FileOpened(msgspec.Struct, frozen=True, kw_only=True):
     """What `Editor.open_file` did."""
 
-    status: Literal["shown", "loaded", "not_found", "directory"]  # loaded: in a buffer, no window changed
+    status: Literal["shown", "loaded", "not_found", "directory", "refused"]  # loaded: in a buffer, no window changed
+    message: str = ""  # why it was refused
     languageId: str = "plaintext"
     lineCount: int = 0
     selected: tuple[int, int] | None = None  # the first and last line selected (1-based)

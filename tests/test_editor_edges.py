@@ -55,7 +55,12 @@ async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
     diagnostics = await client.call_tool("getDiagnostics", {"uri": scratch.as_uri()})
     assert text_of(diagnostics) == f"Document not open: {scratch.as_uri()}"
     assert json_of(await client.call_tool("getOpenEditors", {})) == {"tabs": []}
-    assert not scratch.exists()
+    scratch.write_text("the file\n")
+    opened = await client.call_tool("openFile", {"filePath": str(scratch)})
+    refusal = f"{scratch} is the name of a buffer that is not the file's ('buftype' nofile): close it first"
+    assert opened.is_error and text_of(opened) == f"Cannot open {scratch}: {refusal}"
+    assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(scratch)) == ["scratch"]
+    assert scratch.read_text() == "the file\n"
 
 
 async def test_a_symlinked_path_finds_the_real_files_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:

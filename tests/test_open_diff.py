@@ -387,6 +387,26 @@ def test_close_tab_with_the_diffs_name_rejects_it(
     assert events[-1]["data"]["by"] == "close_tab"
 
 
+def test_an_accepted_proposal_never_lands_in_a_plugins_buffer_named_like_the_file(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    path = files / "a.py"
+    path.write_text("the file\n")
+    make_scratch = "local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)"
+    nvim.lua(make_scratch + " vim.api.nvim_buf_set_lines(b, 0, -1, false, {'plugin scratch'})", str(path))
+    request = propose(server, path, "proposal\n", "scratch")
+    shown(nvim)
+    nvim.command("write")
+    result = server.wait_for(request)
+    assert result["isError"] and "is the name of a buffer that is not the file's ('buftype' nofile)" in texts(result)[0]
+    assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(path)) == [
+        "plugin scratch"
+    ]
+    assert path.read_text() == "the file\n"
+    _, events = last_diff(journal, "scratch")
+    assert events[-1]["type"] == "DiffAcceptFailed" and journal.blob(events[-1]["data"]["final_blob"]) == b"proposal\n"
+
+
 def test_a_file_changed_on_disk_since_the_diff_opened_is_a_conflict(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
