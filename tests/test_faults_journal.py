@@ -22,6 +22,8 @@ import pytest
 from tests.faults_helpers import assert_sound, can_mount, remount, saved_titles, small_filesystem
 from tests.journal_helpers import cli
 from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
+from toolbus.journal import SqliteJournal
+from toolbus.journal.sqlite.readonly import open_readonly
 
 
 def start_fails(tmp_path: Path, journal: Path) -> tuple[int | None, str]:
@@ -144,6 +146,30 @@ def test_read_commands_read_a_journal_on_a_read_only_file_system(tmp_path: Path)
     assert audit.code == 0 and "in the log" in audit.out, audit.err
 
 
+def test_a_reader_that_may_not_write_still_sees_a_live_writers_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal some connection has open, even with an empty log, is not read as immutable:
+    such a reader takes no locks and would miss, or mix, what the writer checkpoints under it.
+    (Root may write anything, so the answer of `os.access` is played here.)"""
+    journal = tmp_path / "journal.db"
+    SqliteJournal(journal).close()
+    writer = sqlite3.connect(journal, isolation_level=None)
+    try:
+        writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # open, with its log empty
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+        reader = open_readonly(journal)
+        tables = "SELECT count(*) FROM sqlite_master"
+        before = reader.execute(tables).fetchone()[0]
+        writer.execute("CREATE TABLE written_meanwhile (x)")
+        writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert reader.execute(tables).fetchone()[0] == before + 1
+        reader.close()
+    finally:
+        writer.close()
+
+
 def test_a_read_of_a_journal_file_it_may_not_write_leaves_nothing_behind(tmp_path: Path) -> None:
     """Not even the -wal and -shm files a read-only SQLite connection makes, which would keep a
     writer out once the journal is writable again. Read as another user where the tests are root."""
@@ -160,6 +186,11 @@ def test_a_read_of_a_journal_file_it_may_not_write_leaves_nothing_behind(tmp_pat
         run = subprocess.run([*as_another_user, *audit], capture_output=True, text=True, timeout=60, cwd=place)
         assert run.returncode == 0 and "kept" in run.stdout, run.stderr
         assert [path.name for path in place.iterdir()] == ["journal.db"]
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "server.stderr") as server:
+            server.initialize()
+            result_json(save(server, "only in the log"))  # the server has it open: a read takes its locks
+            run = subprocess.run([*as_another_user, *audit], capture_output=True, text=True, timeout=60, cwd=place)
+        assert run.returncode == 0 and "only in the log" in run.stdout, run.stderr
     finally:
         shutil.rmtree(place)
 

@@ -50,8 +50,8 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     removes it again when it is the last to close; `mode=ro` would leave it (and a `-wal`
     file) behind, which would then keep a writer out of a journal made writable again. So the
     journal is opened normally with writes switched off. One we may not write to (the file,
-    or its directory) is read as immutable when its write-ahead log holds nothing: all of it
-    is in the file, and nothing is created. With a log to read, `mode=ro` is the last resort.
+    or its directory) is read as immutable when no connection has it open: all of it is in the
+    file, and nothing is created. Otherwise `mode=ro` is the last resort.
     """
     require_journal(path)
     # SQLite opens a file it may not write read-only without a word, and such a connection
@@ -76,9 +76,12 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
 
 
 def _connect_read_only(path: Path, busy_timeout: float) -> sqlite3.Connection:
-    """A journal we may not write to: immutable when its log holds nothing, else `mode=ro`."""
+    """A journal we may not write to: immutable when no connection has it open (no -wal, no
+    -shm: all of it is in the file, and an immutable reader takes no locks, so a writer
+    checkpointing under it would mix old pages and new), else `mode=ro`."""
+    at_rest = not os.path.exists(f"{path}-wal") and not os.path.exists(f"{path}-shm")
     try:
-        return _connect(path, busy_timeout, uri_mode="ro" if _has_wal(path) else "ro&immutable=1")
+        return _connect(path, busy_timeout, uri_mode="ro&immutable=1" if at_rest else "ro")
     except sqlite3.OperationalError as error:
         raise JournalUnavailable(
             f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
