@@ -7,6 +7,7 @@ naming the file; nothing half-written is ever left behind.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import anyio
 from toolbus.bus import Fault
 
 T = TypeVar("T")
+log = logging.getLogger("toolbus.files")
 
 
 class LocalFiles:
@@ -79,8 +81,13 @@ def write_atomically(path: Path, content: bytes) -> None:
 
 
 def _fsync_directory(directory: Path) -> None:
-    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    """Bring a rename in `directory` to the disk, if it can be: the file is replaced already, so
+    a directory we may not read, or a file system that cannot sync one, is no failure of it."""
     try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
+        handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+    except OSError as error:
+        log.warning("could not sync the directory %s after replacing a file in it: %s", directory, error.strerror)
