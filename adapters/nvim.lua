@@ -929,14 +929,43 @@ end
 
 local LINE_BREAK_NAME = { unix = 'LF', dos = 'CRLF', mac = 'CR' }
 
--- What a diff of lines cannot show: accepting `proposed` line breaks would change every one of
--- the current text's (`current`: its 'fileformat'). Said in the proposal's winbar.
-local function line_break_note(current, proposed)
-  if proposed == nil or proposed == current then
+-- The line breaks of the file shown as current: as its bytes on disk have them (Neovim reads
+-- CR ones as LF lines that hold ^M), else as its buffer (or the text shown) has them.
+local function current_format(old, old_path, shown_format)
+  local bytes = read_file(normalise(old_path))
+  if bytes ~= vim.NIL then
+    local _, _, found = split_text(bytes)
+    return found or 'unix'
+  end
+  return old and vim.bo[old].fileformat or shown_format or 'unix'
+end
+
+-- The line breaks accepting writes: the proposal's own, else those of the buffer it goes into,
+-- as open or as Neovim will read the file ('fileformats').
+local function written_format(path, proposed)
+  if proposed then
+    return proposed
+  end
+  local target = find_open(path)
+  if target then
+    return vim.bo[target].fileformat
+  end
+  local bytes = read_file(normalise(path))
+  if bytes == vim.NIL then
+    return 'unix'
+  end
+  local _, _, found = split_text(bytes)
+  return found and vim.o.fileformats:find(found, 1, true) and found or 'unix'
+end
+
+-- What a diff of lines cannot show: accepting would write `written` line breaks where the
+-- current text has `current` ('fileformat' names). Said in the proposal's winbar.
+local function line_break_note(current, written)
+  if written == current then
     return ''
   end
   return (' Accepting writes %s line breaks: the current text has %s '):format(
-    LINE_BREAK_NAME[proposed],
+    LINE_BREAK_NAME[written] or written,
     LINE_BREAK_NAME[current] or current
   )
 end
@@ -966,8 +995,8 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   local right = api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
   vim.cmd('diffthis')
   if shown ~= '' then
-    local current = old and vim.bo[old].fileformat or shown_format or 'unix'
-    vim.wo[right].winbar = line_break_note(current, proposed_format)
+    local current = current_format(old, old_path, shown_format)
+    vim.wo[right].winbar = line_break_note(current, written_format(path, proposed_format))
   end
   vim.t.toolbus_diff = tab_name
   local resolved = normalise(path)

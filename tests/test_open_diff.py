@@ -238,6 +238,28 @@ def test_a_proposal_that_changes_every_line_break_says_so(
     assert path.read_bytes() == b"a\r\nb\r\n"
 
 
+@pytest.mark.parametrize(
+    ("opened", "proposal", "note"),
+    [
+        (False, "one\ntwo\nthree\n", " Accepting writes LF line breaks: the current text has CR "),
+        (True, "one\rtwo\rthree\r", ""),  # Neovim reads it as LF lines holding ^M; its bytes say CR
+    ],
+)
+def test_the_line_break_note_judges_a_file_with_cr_line_breaks_by_its_bytes(
+    server: StdioServer, nvim: NeovimProcess, files: Path, opened: bool, proposal: str, note: str
+) -> None:
+    path = files / "mac.txt"
+    path.write_bytes(b"one\rtwo\r")
+    if opened:
+        nvim.edit(path)
+    request = propose(server, path, proposal, "cr file")
+    shown(nvim)
+    assert nvim.lua(WINBAR) == note
+    nvim.command("write")
+    assert texts(server.wait_for(request))[0] == "FILE_SAVED"
+    assert path.read_bytes() == proposal.encode()
+
+
 def test_a_buffer_with_cr_line_breaks_is_shown_line_by_line(
     server: StdioServer, nvim: NeovimProcess, files: Path
 ) -> None:
