@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, this_host, version
+from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import ToolbusError
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         runner: Runner = args.run
         return runner(args, settings)
     except (UsageError, ToolbusError, ValueError) as error:
-        print(f"{command}: {error}", file=sys.stderr)
+        print(f"{command}: {for_terminal(str(error))}", file=sys.stderr)  # it may quote an agent's text
         return USAGE_ERROR
     except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
         return _reader_gone()

@@ -24,6 +24,7 @@ import msgspec
 from toolbus.adapters.config import JOURNAL_HELP, Settings, add_settings_arguments, this_host
 from toolbus.adapters.demo import add_demo
 from toolbus.adapters.report import one_more, print_audit_table, print_history, size
+from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import STATUSES, AuditQuery, JournalReader, NoSuchEvent, Status, StoredEvent, file_streams
 from toolbus.bus.commands import CLI_COMMANDS, SQLITE_INT_MAX, TOOL_COMMANDS
 from toolbus.bus.moments import AGO_FORMS, epoch_ns, iso_time, parse_ago, parse_iso
@@ -294,18 +295,19 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     with _reading(settings) as reader:
         found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
         machine = _machine_of(reader, found.event) if args.apply else None
-    where = f"event @{found.event.position}, {found.path}"
+    shown = for_terminal(found.path)  # a path an agent named: no control character reaches the terminal
+    where = f"event @{found.event.position}, {shown}"
     if args.apply:
         if machine is not None and machine != this_host():
             raise ValueError(
                 f"event @{found.event.position} happened on {machine}, and --apply writes this machine's "
-                f"{found.path}: print the text (or -o FILE) and take it there"
+                f"{shown}: print the text (or -o FILE) and take it there"
             )
         from toolbus.adapters.recover import apply_recovery
 
         position = apply_recovery(settings, found)
         print(
-            f"restored {found.path} ({size(len(found.content))}): {found.description} ({where}); "
+            f"restored {shown} ({size(len(found.content))}): {found.description} ({where}); "
             f"journaled as event @{position}"
         )
     elif output is not None:
@@ -443,13 +445,13 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     check_path_map(args.map, steps)
     if args.dry_run:
         for step in steps:
-            print(f"would {step.describe()}")
+            print(f"would {for_terminal(step.describe())}")
         print(f"{_steps(steps, settings)} to replay (dry run: nothing changed)")
         return 0
     from toolbus.adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
-    replay_to_neovim(settings, settings.nvim, steps, lambda done: print(done, flush=True))
+    replay_to_neovim(settings, settings.nvim, steps, lambda done: print(for_terminal(done), flush=True))
     print(f"replayed {_steps(steps, settings)} to Neovim at {settings.nvim}")
     return 0
 

@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
+from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent, typed_path
 from toolbus.bus.commands import SQLITE_INT_MAX
 
-# Control characters, and the marks that reorder text on screen: a journal's texts come from
-# agents, and a terminal would obey them (clear the screen, forge a line).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` with its control characters shown as escapes (`\\n`, `\\x1b`), never acted on."""
-    return _UNPRINTABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
-
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
-    """Columns padded to their widest cell, every cell `printable`. On a terminal the last
+    """Columns padded to their widest cell, every cell `for_terminal`. On a terminal the last
     column is cut to fit."""
-    rows = [[printable(cell) for cell in row] for row in rows]
+    rows = [[for_terminal(cell) for cell in row] for row in rows]
     if sys.stdout.isatty():
         others = sum(max(len(row[i]) for row in [headers, *rows]) + 2 for i in range(len(headers) - 1))
         room = max(os.get_terminal_size(sys.stdout.fileno()).columns - others, 24)

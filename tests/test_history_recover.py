@@ -119,16 +119,33 @@ def test_history_of_a_file_never_touched(session: EditorSession) -> None:
 # --- one path on two machines: two files ---------------------------------------------------
 
 
-async def save_elsewhere(journal: Path, path: str, text: bytes) -> None:
+async def save_elsewhere(journal: Path, path: str, text: bytes, replaced: bytes | None = None) -> None:
     """A save of `path` on another machine, as a team's shared journal holds it."""
     writer = SqliteJournal(journal, create=False)
-    event, blobs = saved(path, None, text)
+    event, blobs = saved(path, replaced, text)
     caller = Caller(agent="colleague", host="other-machine")
     call = CommandRecord(tool="saveDocument", arguments={"filePath": path}, caller=caller, received_ns=time.time_ns())
     try:
         await writer.finish(call, None, "ok", events=[event], blobs=blobs)
     finally:
         writer.close()
+
+
+def test_a_path_an_agent_named_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    """Not only in tables: replay's steps, recover's lines and every error quote paths too."""
+    journal = tmp_path / "journal.db"
+    SqliteJournal(journal).close()
+    path = str(tmp_path / "x\x1b[2J\x1b]0;owned\x07.txt")
+    anyio.run(save_elsewhere, journal, path, b"theirs\n", b"before\n")
+    escaped = str(tmp_path / "x\\x1b[2J\\x1b]0;owned\\x07.txt")
+    replay = cli("replay", "editor", "--dry-run", "--all-hosts", "--journal", journal)
+    assert replay.out.splitlines()[0] == f"would @1 save {escaped}: write 7 bytes"
+    printed = cli("recover", "1", "--journal", journal)
+    assert printed.raw == b"before\n" and f"(event @1, {escaped})" in printed.err
+    applied = cli("recover", "1", "--apply", "--journal", journal)
+    assert applied.code == 2 and f"writes this machine's {escaped}:" in applied.err
+    for run in (replay, printed, applied):
+        assert "\x1b" not in run.out + run.err and "\x07" not in run.out + run.err
 
 
 def test_serve_records_this_machine_and_history_keeps_to_it(
