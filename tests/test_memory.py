@@ -457,8 +457,12 @@ async def test_facts_are_bounded_in_all_not_only_each(journal_path: Path, journa
         assert result.is_error and text_of(result) == (
             "Invalid arguments for save: facts: expected at most 1000000 characters in all, got 1200000"
         )
+        result = await client.call_tool("save", {"title": "t", "text": "x", "concepts": ["c" * 4000] * 251})
+        assert result.is_error and text_of(result) == (
+            "Invalid arguments for save: concepts: expected at most 1000000 characters in all, got 1004000"
+        )
         await save(client, title="t", text="x", facts=["f" * 500_000] * 2)  # up to the bound
-    assert [command["status"] for command in journal.commands("save")] == ["rejected", "ok"]
+    assert [command["status"] for command in journal.commands("save")] == ["rejected", "rejected", "ok"]
 
 
 async def test_the_last_day_a_date_holds_is_a_valid_bound(journal_path: Path) -> None:

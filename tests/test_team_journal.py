@@ -98,14 +98,19 @@ async def test_a_note_in_another_agents_name_is_an_invalid_argument_not_a_databa
 
 async def test_a_note_holding_nul_is_saved_with_u_fffd_in_its_place(team: Team) -> None:
     """PostgreSQL's text and jsonb cannot hold NUL: the note, its event and a replay agree on U+FFFD."""
-    note = {"title": "nul\x00title", "text": "before\x00after", "facts": ["a\x00b"], "files_read": ["c\x00d"]}
+    note = {
+        "title": "nul\x00title",
+        "text": "before\x00after",
+        "facts": ["a\x00b", "\\u0000"],
+        "files_read": ["c\x00d"],
+    }
     async with toolbus(team.url("alice"), None) as alice:
         saved = json_of(await alice.call_tool("save", note))
         [stored] = json_of(await alice.call_tool("get_observations", {"ids": [saved["id"]]}))["observations"]
         assert (stored["title"], stored["text"], stored["facts"], stored["files_read"]) == (
             "nul\ufffdtitle",
             "before\ufffdafter",
-            ["a\ufffdb"],
+            ["a\ufffdb", "\\u0000"],  # the six characters a backslash begins are text, kept
             ["c\ufffdd"],
         )
         assert [row["id"] for row in json_of(await alice.call_tool("search", {"query": "after"}))["results"]] == [
