@@ -994,10 +994,6 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   vim.cmd('diffthis')
   local right = api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
   vim.cmd('diffthis')
-  if shown ~= '' then
-    local current = current_format(old, old_path, shown_format)
-    vim.wo[right].winbar = line_break_note(current, written_format(path, proposed_format))
-  end
   vim.t.toolbus_diff = tab_name
   local resolved = normalise(path)
   diffs[id] = {
@@ -1024,6 +1020,12 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
       decide(id, 'reject')
     end,
   })
+  if shown ~= '' then -- once the view can be decided: whatever befalls a note leaves it usable
+    pcall(function()
+      local current = current_format(old, old_path, shown_format)
+      vim.wo[right].winbar = line_break_note(current, written_format(path, proposed_format))
+    end)
+  end
   return { status = 'open', path = resolved, shown = shown }
 end
 
