@@ -159,7 +159,10 @@ def test_a_reader_that_may_not_write_still_sees_a_live_writers_commits(
         writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # open, with its log empty
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
-        reader = open_readonly(journal)
+        link = tmp_path / "elsewhere" / "link.db"  # its -wal and -shm are beside the file it leads to
+        link.parent.mkdir()
+        link.symlink_to(journal)
+        reader = open_readonly(link)
         tables = "SELECT count(*) FROM sqlite_master"
         before = reader.execute(tables).fetchone()[0]
         writer.execute("CREATE TABLE written_meanwhile (x)")

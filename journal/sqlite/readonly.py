@@ -54,6 +54,7 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     file, and nothing is created. Otherwise `mode=ro` is the last resort.
     """
     require_journal(path)
+    path = Path(os.path.realpath(path))  # SQLite keeps -wal and -shm beside the file a link leads to
     # SQLite opens a file it may not write read-only without a word, and such a connection
     # leaves its -wal and -shm files behind: ask first.
     if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
