@@ -135,7 +135,7 @@ end
 -- Any buffer named `path` by the same rule, even hidden, unlisted or unloaded: one that a
 -- replay would reload or wipe.
 local function find_any(path)
-  return find_open(path) or find_in(api.nvim_list_bufs(), normalise(path))
+  return find_open(path) or find_in(vim.tbl_filter(is_file_buffer, api.nvim_list_bufs()), normalise(path))
 end
 
 -- :checktime without its prompt. An unmodified buffer is reloaded; a modified one is left
@@ -589,14 +589,24 @@ local function main_window(target)
   return nil
 end
 
+-- Why `buf`, which bufadd() gave for `path`, cannot stand for the file: a plugin's buffer, or
+-- a help page, of that name (nil when it can).
+local function not_the_file(path, buf)
+  if is_file_buffer(buf) then
+    return nil
+  end
+  local refusal = "%s is the name of buffer %d, which is not the file's ('buftype' %s): wipe it (:bwipeout %d) first"
+  return refusal:format(path, buf, vim.bo[buf].buftype, buf)
+end
+
 -- `path` in a listed, loaded buffer. bufload() never asks about a swap file: it raises E325
 -- ATTENTION once the buffer is loaded. The file is open in another Neovim (or one crashed), so
 -- the buffer is made read-only, as answering "Open Read-Only" would.
 local function load(path)
   local buf = find_open(path) or vim.fn.bufadd(path)
-  if not is_file_buffer(buf) then -- bufadd() gives a plugin's buffer that has the file's name
-    local buftype = vim.bo[buf].buftype
-    error(("%s is the name of a buffer that is not the file's ('buftype' %s): close it first"):format(path, buftype), 0)
+  local refusal = not_the_file(path, buf)
+  if refusal then
+    error(refusal, 0)
   end
   if not api.nvim_buf_is_loaded(buf) then
     local ok, err = pcall(vim.fn.bufload, buf)
@@ -834,11 +844,16 @@ function M.replace(path, text, known)
   if buf and api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
     return { status = 'modified' }
   end
+  buf = buf or vim.fn.bufadd(path)
+  local refusal = not_the_file(path, buf)
+  if refusal then
+    return { status = 'error', message = refusal }
+  end
   local written, kept = pcall(write_keeping, normalise(path), text, known)
   if not written then
     return { status = 'error', message = kept }
   end
-  local shown, err = pcall(show, buf or vim.fn.bufadd(path))
+  local shown, err = pcall(show, buf)
   if not shown then
     return { status = 'error', message = err, kept = kept }
   end
@@ -933,11 +948,12 @@ local LINE_BREAK_NAME = { unix = 'LF', dos = 'CRLF', mac = 'CR' }
 -- CR ones as LF lines that hold ^M), else as its buffer (or the text shown) has them.
 local function current_format(old, old_path, shown_format)
   local bytes = read_file(normalise(old_path))
-  if bytes ~= vim.NIL then
-    local _, _, found = split_text(bytes)
-    return found or 'unix'
+  local _, _, on_disk = split_text(bytes ~= vim.NIL and bytes or '')
+  if old then -- its own, but for CR line breaks read as LF lines (UTF-16's show in no bytes)
+    local format = vim.bo[old].fileformat
+    return (format == 'unix' and on_disk == 'mac') and 'mac' or format
   end
-  return old and vim.bo[old].fileformat or shown_format or 'unix'
+  return bytes ~= vim.NIL and (on_disk or 'unix') or shown_format or 'unix'
 end
 
 -- The line breaks accepting writes: the proposal's own, else those of the buffer it goes into,

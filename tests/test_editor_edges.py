@@ -57,7 +57,9 @@ async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
     assert json_of(await client.call_tool("getOpenEditors", {})) == {"tabs": []}
     scratch.write_text("the file\n")
     opened = await client.call_tool("openFile", {"filePath": str(scratch)})
-    refusal = f"{scratch} is the name of a buffer that is not the file's ('buftype' nofile): close it first"
+    number = nvim.lua("return vim.fn.bufnr(...)", str(scratch))
+    refusal = f"{scratch} is the name of buffer {number}, which is not the file's ('buftype' nofile): wipe it"
+    refusal += f" (:bwipeout {number}) first"
     assert opened.is_error and text_of(opened) == f"Cannot open {scratch}: {refusal}"
     assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(scratch)) == ["scratch"]
     assert scratch.read_text() == "the file\n"

@@ -260,6 +260,21 @@ def test_the_line_break_note_judges_a_file_with_cr_line_breaks_by_its_bytes(
     assert path.read_bytes() == proposal.encode()
 
 
+def test_no_line_break_note_for_a_utf16_crlf_file_kept_crlf(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    """Its bytes on disk show no CRLF (each is \\r\\0\\n\\0): its buffer's 'fileformat' tells."""
+    path = files / "wide.txt"
+    path.write_bytes("\ufeffone\r\ntwo\r\n".encode("utf-16-le"))
+    nvim.edit(path)
+    request = propose(server, path, "one\ntwo\nthree\n", "wide")
+    shown(nvim)
+    assert nvim.lua(WINBAR) == ""
+    nvim.command("write")
+    assert texts(server.wait_for(request))[0] == "FILE_SAVED"
+    assert path.read_bytes() == "\ufeffone\r\ntwo\r\nthree\r\n".encode("utf-16-le")
+
+
 def test_a_buffer_with_cr_line_breaks_is_shown_line_by_line(
     server: StdioServer, nvim: NeovimProcess, files: Path
 ) -> None:
@@ -420,7 +435,7 @@ def test_an_accepted_proposal_never_lands_in_a_plugins_buffer_named_like_the_fil
     shown(nvim)
     nvim.command("write")
     result = server.wait_for(request)
-    assert result["isError"] and "is the name of a buffer that is not the file's ('buftype' nofile)" in texts(result)[0]
+    assert result["isError"] and "which is not the file's ('buftype' nofile): wipe it (:bwipeout" in texts(result)[0]
     assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(path)) == [
         "plugin scratch"
     ]
