@@ -412,7 +412,7 @@ def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
         with _reading(settings) as reader:
             report = reader.check_memory()
         for line in report.differences:
-            print(line)
+            print(for_terminal(line))  # rows quote a note's fields
         print(
             f"checked the memory store against {report.observations} saved observations: "
             + (f"{len(report.differences)} difference(s)" if report.differences else "no differences")

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import anyio
 
+from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import Fault
 
 T = TypeVar("T")
@@ -90,4 +91,5 @@ def _fsync_directory(directory: Path) -> None:
         finally:
             os.close(handle)
     except OSError as error:
-        log.warning("could not sync the directory %s after replacing a file in it: %s", directory, error.strerror)
+        shown = for_terminal(str(directory))
+        log.warning("could not sync the directory %s after replacing a file in it: %s", shown, error.strerror)

@@ -219,7 +219,7 @@ def print_history(
     entries = reader.history(path, one_more(limit), host)
     left_out = limit is not None and len(entries) > limit
     entries = entries[:limit]
-    shown = typed_path(path)
+    shown = for_terminal(typed_path(path))
     where = f" on {host}" if host is not None else ""
     if not entries:
         hint = " (--all-hosts for every machine's)" if host is not None else ""
