@@ -4,8 +4,7 @@ observations (read by position, in the column orders named here)."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -18,23 +17,6 @@ class Row(Protocol):
     """A row read by column name: a sqlite3.Row or a psycopg dict row."""
 
     def __getitem__(self, column: str, /) -> Any: ...
-
-
-def with_eventless(walked: Iterable[AuditEntry], eventless: Sequence[AuditEntry]) -> Iterator[AuditEntry]:
-    """A file's commands as the walk of its events gives them, newest first, with the calls
-    that named the file and failed before any event (`eventless`, newest first) placed among
-    them by when they were received."""
-    waiting = deque(eventless)
-    for entry in walked:
-        while waiting and waiting[0].received_at > entry.received_at:
-            yield waiting.popleft()
-        yield entry
-    yield from waiting
-
-
-def named_paths(streams: Sequence[str]) -> list[str]:
-    """The paths a file's streams (`file_streams`) stand for, as a call's arguments name them."""
-    return [stream.removeprefix("file:") for stream in streams]
 
 
 def audit_entry(row: Row, events: list[StoredEvent], host: str | None) -> AuditEntry:

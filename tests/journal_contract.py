@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-import msgspec
 import pytest
 
 from toolbus.bus import (
@@ -401,39 +400,6 @@ class JournalContract:
         ]
         assert [e.id for e in reader.audit(AuditQuery(paths=paths, limit=1))] == [diff]
         assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=2))] == ["openDiff", "saveDocument"]
-
-    def test_a_files_audit_shows_the_calls_naming_it_that_failed_before_any_event(
-        self, writer: JournalWriter, read: Callable[[], JournalReader]
-    ) -> None:
-        """Neovim unreachable, say: no event names the file, the call's arguments do."""
-        first, blobs = saved("/src/a.py", None, b"one\n")
-        second, more = saved("/src/a.py", b"one\n", b"two\n")
-
-        def at(second_of_the_day: int, tool: str, arguments: dict[str, str]) -> CommandRecord:
-            return msgspec.structs.replace(
-                record(tool, arguments), received_ns=(1_767_225_600 + second_of_the_day) * 10**9
-            )
-
-        async def work() -> None:
-            a_py = {"filePath": "/src/a.py"}
-            await writer.finish(at(1, "saveDocument", a_py), None, "ok", events=[first], blobs=blobs)
-            await writer.finish(at(2, "saveDocument", a_py), None, "failed", error="Neovim is not reachable")
-            await writer.finish(at(3, "checkDocumentDirty", {"filePath": "/src/b.py"}), None, "failed", error="-")
-            await writer.finish(at(4, "saveDocument", a_py), None, "ok", events=[second], blobs=more)
-            await writer.finish(at(5, "openDiff", {"new_file_path": "/src/a.py"}), None, "rejected", error="-")
-
-        anyio.run(work)
-        reader = read()
-        paths = file_streams("/src/a.py")
-        assert [(e.tool, e.status) for e in reader.audit(AuditQuery(paths=paths))] == [
-            ("openDiff", "rejected"),
-            ("saveDocument", "ok"),
-            ("saveDocument", "failed"),
-            ("saveDocument", "ok"),
-        ]
-        assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=1))] == ["openDiff"]
-        failed = reader.audit(AuditQuery(paths=paths, status="failed"))
-        assert [(e.tool, e.error) for e in failed] == [("saveDocument", "Neovim is not reachable")]
 
     def test_history_keeps_machines_apart(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         """One path on two machines is two files; a command whose machine is unknown (recorded

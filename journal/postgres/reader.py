@@ -7,7 +7,6 @@ and the observations it may see); the admin's reads everything.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import islice
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -22,7 +21,7 @@ from toolbus.bus import (
     file_streams,
 )
 from toolbus.bus.commands import SQLITE_INT_MAX
-from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry, named_paths, with_eventless
+from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
 from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
@@ -41,13 +40,6 @@ class PostgresReader:
         sql, params = _command_sql(query)
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             rows = cursor.execute(sql, params).fetchall()
-            eventless = cursor.execute(*_eventless_sql(query)).fetchall() if query.paths else []
-        entries = self._entries(rows)
-        if query.paths:
-            entries = with_eventless(entries, [audit_entry(row, [], row["host"]) for row in eventless])
-        yield from islice(entries, query.limit)
-
-    def _entries(self, rows: list[dict[str, Any]]) -> Iterator[AuditEntry]:
         for start in range(0, len(rows), _BATCH):  # each command once (`_command_sql`)
             batch = rows[start : start + _BATCH]
             events = self._events_of([row["id"] for row in batch])
@@ -135,8 +127,8 @@ class PostgresReader:
         return grouped
 
 
-def _filters(query: AuditQuery) -> tuple[list[str], list[Any]]:
-    """`query`'s filters on `commands AS c` (all but the paths), and their values."""
+def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
+    """The commands matching `query`, newest first (PostgreSQL's planner picks the index)."""
     pairs = (("tool", query.tool), ("status", query.status), ("session_id", query.session), ("agent", query.agent))
     where = [f"c.{column} = %s" for column, value in pairs if value is not None]
     params: list[Any] = [value for _, value in pairs if value is not None]
@@ -149,26 +141,6 @@ def _filters(query: AuditQuery) -> tuple[list[str], list[Any]]:
     if query.host is not None:  # that machine's, and those of no known machine
         where.append("(c.host = %s OR c.host IS NULL)")
         params.append(query.host)
-    return where, params
-
-
-# The file a call names: the editor tools' filePath, openDiff's new_file_path (`json`, not
-# `jsonb`, which refuses a NUL anywhere in the arguments).
-_NAMED_FILE = "coalesce(c.arguments::json ->> 'filePath', c.arguments::json ->> 'new_file_path')"
-
-
-def _eventless_sql(query: AuditQuery) -> tuple[str, list[Any]]:
-    """The calls naming the file that ended before any event (Neovim unreachable, say), newest first."""
-    where, params = _filters(query)
-    where += ["c.status <> 'ok'", f"{_NAMED_FILE} = ANY(%s)"]
-    where.append("NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)")
-    params.append(named_paths(query.paths))
-    return f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)} ORDER BY c.received_at DESC, c.id DESC", params
-
-
-def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
-    """The commands matching `query`, newest first (PostgreSQL's planner picks the index)."""
-    where, params = _filters(query)
     if query.paths:  # each command once, by its newest event on the file
         sql = (
             "SELECT c.* FROM (SELECT command_id, max(position) AS newest FROM events WHERE stream = ANY(%s)"

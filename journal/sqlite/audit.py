@@ -16,7 +16,7 @@ from typing import Any
 
 from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, file_streams
 from toolbus.bus.commands import SQLITE_INT_MAX
-from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry, named_paths, with_eventless
+from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
 from toolbus.journal.sqlite.schema import NOT_OK
 
 _BATCH = 200
@@ -36,33 +36,7 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     cursor.row_factory = sqlite3.Row
     # A file's events walk yields a command once per event of it: the limit counts commands.
     batch = min(_BATCH, query.limit or _BATCH)
-    entries = _each_once(conn, cursor, hosts, batch)
-    if query.paths:
-        entries = with_eventless(entries, _eventless(conn, query, hosts))
-    yield from islice(entries, query.limit)
-
-
-# The file a call names: the editor tools' filePath, openDiff's new_file_path.
-_NAMED_FILE = "coalesce(json_extract(c.arguments, '$.filePath'), json_extract(c.arguments, '$.new_file_path'))"
-
-
-def _eventless(conn: sqlite3.Connection, query: AuditQuery, hosts: bool) -> list[AuditEntry]:
-    """The calls naming the file that ended before any event (Neovim unreachable, say): rare,
-    found through the index of commands whose status is not ok."""
-    filters = _equalities(query)
-    where = [f"c.{column} = ?" for column in filters] + [f"c.{NOT_OK}"]
-    window, bounds = _window(query, "c.received_at")
-    paths = named_paths(query.paths)
-    where += [*window, f"{_NAMED_FILE} IN ({', '.join('?' * len(paths))})"]
-    where.append("NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)")
-    params: list[Any] = [*filters.values(), *bounds, *paths]
-    if query.host is not None:
-        where.append(_ON_HOST)
-        params.append(query.host)
-    sql = f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)} ORDER BY c.received_at DESC, c.id DESC"
-    cursor = conn.execute(sql, params)
-    cursor.row_factory = sqlite3.Row
-    return [audit_entry(row, [], row["host"] if hosts else None) for row in cursor]
+    yield from islice(_each_once(conn, cursor, hosts, batch), query.limit)
 
 
 def _each_once(conn: sqlite3.Connection, cursor: sqlite3.Cursor, hosts: bool, batch: int) -> Iterator[AuditEntry]:
