@@ -23,7 +23,7 @@ from tests.faults_helpers import assert_sound, can_mount, remount, saved_titles,
 from tests.journal_helpers import cli
 from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
 from toolbus.journal import SqliteJournal
-from toolbus.journal.sqlite.readonly import open_readonly
+from toolbus.journal.sqlite.readonly import open_readonly, require_journal
 
 
 def start_fails(tmp_path: Path, journal: Path) -> tuple[int | None, str]:
@@ -169,6 +169,19 @@ def test_a_reader_that_may_not_write_still_sees_a_live_writers_commits(
         writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         assert reader.execute(tables).fetchone()[0] == before + 1
         reader.close()
+    finally:
+        writer.close()
+
+
+def test_a_new_journal_named_through_a_symlink_is_a_journal(tmp_path: Path) -> None:
+    """Its first commits still sit in its log, beside the file the link leads to."""
+    journal = tmp_path / "journal.db"
+    writer = SqliteJournal(journal)
+    try:
+        assert int.from_bytes(journal.read_bytes()[68:72], "big") == 0  # the header does not say so yet
+        link = tmp_path / "link.db"
+        link.symlink_to(journal)
+        require_journal(link)
     finally:
         writer.close()
 

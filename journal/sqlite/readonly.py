@@ -20,6 +20,7 @@ _HEADER_SIZE = 100
 
 def require_journal(path: Path) -> None:
     """Raise unless `path` is an existing toolbus journal; reads the file's header only."""
+    path = Path(os.path.realpath(path))  # its -wal, if any, is beside the file a link leads to
     try:
         with open(path, "rb") as file:
             header = file.read(_HEADER_SIZE)
