@@ -949,9 +949,9 @@ local LINE_BREAK_NAME = { unix = 'LF', dos = 'CRLF', mac = 'CR' }
 local function current_format(old, old_path, shown_format)
   local bytes = read_file(normalise(old_path))
   local _, _, on_disk = split_text(bytes ~= vim.NIL and bytes or '')
-  if old then -- its own, but for CR line breaks read as LF lines (UTF-16's show in no bytes)
+  if old then -- its own, unless read as LF lines ('fileformats') over CR or CRLF bytes (UTF-16's show none)
     local format = vim.bo[old].fileformat
-    return (format == 'unix' and on_disk == 'mac') and 'mac' or format
+    return format == 'unix' and on_disk or format
   end
   return bytes ~= vim.NIL and (on_disk or 'unix') or shown_format or 'unix'
 end

@@ -260,6 +260,19 @@ def test_the_line_break_note_judges_a_file_with_cr_line_breaks_by_its_bytes(
     assert path.read_bytes() == proposal.encode()
 
 
+def test_a_crlf_file_read_as_lf_lines_is_judged_by_its_bytes(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "dos.txt"
+    path.write_bytes(b"one\r\ntwo\r\n")
+    nvim.command(f"edit ++ff=unix {path}")  # as 'fileformats=unix' reads it: lines holding ^M
+    request = propose(server, path, "one\ntwo\nthree\n", "crlf as lf")
+    shown(nvim)
+    assert nvim.lua(WINBAR) == " Accepting writes LF line breaks: the current text has CRLF "
+    nvim.command("write")
+    assert texts(server.wait_for(request))[0] == "FILE_SAVED"
+
+
 def test_no_line_break_note_for_a_utf16_crlf_file_kept_crlf(
     server: StdioServer, nvim: NeovimProcess, files: Path
 ) -> None:
