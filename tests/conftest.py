@@ -129,6 +129,19 @@ class NeovimProcess:
             lines,
         )
 
+    def plugin_buffer(self, name: Path | str, lines: list[str], *, modified: bool = False) -> int:
+        """A plugin's scratch buffer (`nofile`) carrying a file's name; its number."""
+        return int(
+            self.lua(
+                "local name, lines, modified = ... local b = vim.api.nvim_create_buf(true, true)"
+                " vim.api.nvim_buf_set_name(b, name) vim.api.nvim_buf_set_lines(b, 0, -1, false, lines)"
+                " vim.bo[b].modified = modified return b",
+                str(name),
+                lines,
+                modified,
+            )
+        )
+
     def lines(self, path: Path | str) -> list[str]:
         return list(self.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(path)))
 

@@ -136,6 +136,13 @@ def restart(nvim: NeovimProcess) -> NeovimProcess:
 # --- small filesystems ---------------------------------------------------------------------
 
 
+def deny_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`os.access` answers that nothing may be written, as to a user other than the owner: the
+    tests run as root, whose writes are allowed."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+
+
 def can_mount() -> bool:
     return os.geteuid() == 0 and Path("/proc/filesystems").read_text().find("tmpfs") >= 0
 

@@ -43,11 +43,7 @@ async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
     """A plugin's `nofile` buffer may carry a file's name; getOpenEditors does not list it, and
     no other tool takes it for the file either."""
     scratch = files / "notes.py"
-    nvim.lua(
-        "local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)"
-        " vim.api.nvim_buf_set_lines(b, 0, -1, false, {'scratch'}) vim.bo[b].modified = true",
-        str(scratch),
-    )
+    number = nvim.plugin_buffer(scratch, ["scratch"], modified=True)
     not_open = {"success": False, "message": f"Document not open: {scratch}"}
     assert json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(scratch)})) == not_open
     saved = json_of(await client.call_tool("saveDocument", {"filePath": str(scratch)}))
@@ -57,11 +53,10 @@ async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
     assert json_of(await client.call_tool("getOpenEditors", {})) == {"tabs": []}
     scratch.write_text("the file\n")
     opened = await client.call_tool("openFile", {"filePath": str(scratch)})
-    number = nvim.lua("return vim.fn.bufnr(...)", str(scratch))
     refusal = f"{scratch} is the name of buffer {number}, which is not the file's ('buftype' nofile): wipe it"
     refusal += f" (:bwipeout {number}) first"
     assert opened.is_error and text_of(opened) == f"Cannot open {scratch}: {refusal}"
-    assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(scratch)) == ["scratch"]
+    assert nvim.lines(scratch) == ["scratch"]
     assert scratch.read_text() == "the file\n"
 
 
@@ -512,7 +507,7 @@ async def test_close_tab_leaves_terminals_and_other_non_file_buffers_alone(
     nvim.command("terminal sleep 600")  # the agent's own terminal, perhaps: its job must live
     terminal = nvim.lua("return vim.api.nvim_get_current_buf()")
     scratch = files / "notes.txt"
-    nvim.lua("local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)", str(scratch))
+    nvim.plugin_buffer(scratch, [""])
     for tab_name in (nvim.lua("return vim.api.nvim_buf_get_name(0)").rsplit("/", 1)[1], "notes.txt", str(scratch)):
         assert text_of(await client.call_tool("close_tab", {"tab_name": tab_name})) == "TAB_CLOSED"
     assert nvim.lua("return vim.fn.jobwait({vim.bo[...].channel}, 0)[1]", terminal) == -1  # still running

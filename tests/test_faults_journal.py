@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults_helpers import assert_sound, can_mount, remount, saved_titles, small_filesystem
+from tests.faults_helpers import assert_sound, can_mount, deny_writes, remount, saved_titles, small_filesystem
 from tests.journal_helpers import cli
 from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
 from toolbus.journal import SqliteJournal
@@ -157,8 +157,7 @@ def test_a_reader_that_may_not_write_still_sees_a_live_writers_commits(
     writer = sqlite3.connect(journal, isolation_level=None)
     try:
         writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # open, with its log empty
-        real_access = os.access
-        monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+        deny_writes(monkeypatch)
         link = tmp_path / "elsewhere" / "link.db"  # its -wal and -shm are beside the file it leads to
         link.parent.mkdir()
         link.symlink_to(journal)

@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, text_of, toolbus
+from tests.faults_helpers import deny_writes
 from tests.journal_contract import saved
 from tests.journal_helpers import EditorSession, OutcomesFail, cli, record_editor_session
 from toolbus.adapters.bootstrap import Services
@@ -406,8 +407,7 @@ async def test_apply_leaves_a_file_it_may_not_write_alone(tmp_path: Path, monkey
     target = tmp_path / "notes.txt"
     target.write_bytes(b"current\n")
     target.chmod(0o444)
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+    deny_writes(monkeypatch)
     with pytest.raises(Fault, match="Permission denied"):
         await restore_in_process(tmp_path / "journal.db", target, LocalFiles())
     assert target.read_bytes() == b"current\n"

@@ -442,16 +442,13 @@ def test_an_accepted_proposal_never_lands_in_a_plugins_buffer_named_like_the_fil
 ) -> None:
     path = files / "a.py"
     path.write_text("the file\n")
-    make_scratch = "local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)"
-    nvim.lua(make_scratch + " vim.api.nvim_buf_set_lines(b, 0, -1, false, {'plugin scratch'})", str(path))
+    nvim.plugin_buffer(path, ["plugin scratch"])
     request = propose(server, path, "proposal\n", "scratch")
     shown(nvim)
     nvim.command("write")
     result = server.wait_for(request)
     assert result["isError"] and "which is not the file's ('buftype' nofile): wipe it (:bwipeout" in texts(result)[0]
-    assert nvim.lua("return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)", str(path)) == [
-        "plugin scratch"
-    ]
+    assert nvim.lines(path) == ["plugin scratch"]
     assert path.read_text() == "the file\n"
     _, events = last_diff(journal, "scratch")
     assert events[-1]["type"] == "DiffAcceptFailed" and journal.blob(events[-1]["data"]["final_blob"]) == b"proposal\n"

@@ -368,12 +368,10 @@ def test_replay_editor_never_takes_a_plugins_buffer_for_the_file(
     work = os.path.realpath(session.files["a.txt"].parent)
     out = tmp_path / "out"
     out.mkdir()
-    make_scratch = "local b = vim.api.nvim_create_buf(true, true) vim.api.nvim_buf_set_name(b, ...)"
-    second_nvim.lua(make_scratch + " vim.api.nvim_buf_set_lines(b, 0, -1, false, {'plugin'})", str(out / "a.txt"))
+    second_nvim.plugin_buffer(out / "a.txt", ["plugin"])
     run = cli("replay", "editor", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
     assert run.code == 2 and "which is not the file's ('buftype' nofile): wipe it" in run.err, run.err
-    lines = "return vim.api.nvim_buf_get_lines(vim.fn.bufnr(...), 0, -1, false)"
-    assert second_nvim.lua(lines, str(out / "a.txt")) == ["plugin"]
+    assert second_nvim.lines(out / "a.txt") == ["plugin"]
     assert not (out / "a.txt").exists()  # refused before anything was written
 
 
