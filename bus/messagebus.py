@@ -244,6 +244,9 @@ def decode_command(command_type: type[C], arguments: object) -> C:
         args = {k: v for k, v in args.items() if k in known and k != "extra"} | {
             "extra": {k: v for k, v in args.items() if k not in known or k == "extra"}
         }
+    # JSON has one number type, and JSON Schema's "integer" is any number with no fraction: 10.0
+    # is 10. Only the schema's fields: the extra fields a save keeps are journaled as sent.
+    args = {name: value if name == "extra" else _integral_as_int(value) for name, value in args.items()}
     try:
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
@@ -256,6 +259,13 @@ def decode_command(command_type: type[C], arguments: object) -> C:
 def _defaulted(command_type: type[Command]) -> frozenset[str]:
     """The arguments of a command that have a default (`extra`, the fields no schema names, aside)."""
     return frozenset(f.name for f in msgspec.structs.fields(command_type) if not f.required and f.name != "extra")
+
+
+def _integral_as_int(value: Any) -> Any:
+    """`value`, or the items of a list (`ids`), with a float that has no fraction (`10.0`) as an int."""
+    if isinstance(value, list):
+        return [int(item) if isinstance(item, float) and item.is_integer() else item for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 _JSON_TYPES: dict[type, str] = {str: "str", list: "array", bool: "bool", int: "int", float: "float"}

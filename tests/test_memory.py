@@ -437,14 +437,20 @@ async def test_numbers_past_sqlite_integers_are_invalid_arguments_naming_the_fie
     assert len(journal.events()) == 1
 
 
-async def test_null_for_an_argument_with_a_default_means_the_default(journal_path: Path) -> None:
-    """As clients send it for what they leave unset. A field no schema names keeps its null."""
+async def test_null_means_the_default_and_a_whole_float_an_integer(journal_path: Path) -> None:
+    """As clients send them: null for what they leave unset, 10.0 for 10 (JSON Schema's
+    "integer" is any number with no fraction). A field no schema names keeps its null and its float."""
     async with toolbus(journal_path, None) as client:
-        saved = await save(client, title="t", text="x", type=None, project=None, facts=None, files_read=None)
-        [note] = (await call(client, "get_observations", ids=[saved["id"]]))["observations"]
+        saved = await save(client, title="t", text="x", type=None, project=None, facts=None, files_read=None, n=2.0)
+        [note] = (await call(client, "get_observations", ids=[float(saved["id"])]))["observations"]
         assert (note["type"], note["project"], note["facts"], note["files_read"]) == ("discovery", "manual", [], None)
+        assert repr(note["n"]) == "2.0"
         page = await call(client, "search", query="t", limit=None, offset=None, orderBy=None)
         assert (page["total"], page["limit"], page["offset"]) == (1, 20, 0)
+        page = await call(client, "search", query="t", limit=10.0, offset=0.0)
+        assert (page["total"], page["limit"], page["offset"]) == (1, 10, 0)
+        refused = await client.call_tool("search", {"query": "t", "limit": 10.5})
+        assert refused.is_error and text_of(refused) == "Invalid arguments for search: limit: expected int, got float"
         assert (await call(client, "timeline", anchor=saved["id"], depth_before=None))["anchor"] == saved["id"]
         refused = await client.call_tool("save", {"title": None, "text": "x"})  # required: null is no title
         assert refused.is_error and text_of(refused) == "Invalid arguments for save: title: expected str, got null"
