@@ -398,6 +398,10 @@ _OBSERVATION_TYPES = list(get_args(ObservationType))
 _VISIBILITIES = list(get_args(Visibility))
 
 
+# What an observation's record holds that no save names: the answer's, and get_observations'.
+STORE_SET_FIELDS = ("id", "created_at_epoch")
+
+
 class SaveObservation(Command, frozen=True, kw_only=True):
     tool = "save"
     description = (
@@ -447,6 +451,9 @@ class SaveObservation(Command, frozen=True, kw_only=True):
     extra: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
+        for name in STORE_SET_FIELDS:
+            if name in self.extra:  # kept, it would never be shown: the store's value takes its place
+                raise ValueError(f"{name}: set by the store when it adds the observation, not by save")
         if self.extra and len(msgspec.json.encode(self.extra)) > MAX_TEXT_BYTES:
             raise ValueError(f"extra fields: expected at most {MAX_TEXT_BYTES} bytes of JSON in all")
         for name, texts in (("facts", self.facts), ("concepts", self.concepts)):

@@ -183,6 +183,8 @@ async def test_invalid_saves_are_errors_naming_the_field_and_store_nothing(
         ),
         ({"title": "t", "text": "x", "facts": "one fact"}, "facts: expected an array"),
         ({"title": "t", "text": "x", "concepts": [1]}, "concepts[0]: expected str, got int"),
+        ({"title": "t", "text": "x", "id": 7}, "id: set by the store when it adds the observation, not by save"),
+        ({"title": "t", "text": "x", "created_at_epoch": 0}, "created_at_epoch: set by the store"),
     ]
     async with toolbus(journal_path, None) as client:
         for arguments, expected in cases:
