@@ -177,7 +177,7 @@ def _add_audit(commands: argparse._SubParsersAction[Any]) -> None:
     )
     _journal_argument(sub)
     sub.add_argument("--tool", help="only this tool (saveDocument, close_tab, save, recover, ...)")
-    sub.add_argument("--path", help="only the saves, closes and restores of this file")
+    sub.add_argument("--path", help="only the saves, closes, restores and diffs of this file, failed ones too")
     sub.add_argument("--status", help="only this outcome: ok, rejected, failed, in_doubt or cancelled")
     sub.add_argument(
         "--since",

@@ -4,12 +4,15 @@ observations (read by position, in the column orders named here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import functools
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
-from toolbus.bus import AuditEntry, HistoryEntry, StoredEvent, decode_event
+from toolbus.bus import CLI_COMMANDS, TOOL_COMMANDS, AuditEntry, HistoryEntry, StoredEvent, decode_event, file_stream
+from toolbus.bus.commands import FileCommand
 from toolbus.bus.queries import Observations
 
 
@@ -42,6 +45,65 @@ def audit_entry(row: Row, events: list[StoredEvent], host: str | None) -> AuditE
         arguments=arguments,
         events=events,
     )
+
+
+# --- a file's calls that failed before any event ----------------------------------------------
+
+# The calls that change a file, by tool, and the argument naming it. One that fails before any
+# event (Neovim unreachable, say) is in no stream of the file: `toolbus audit --path` finds it
+# among the few calls whose status is not ok.
+FILE_CHANGING_TOOLS: dict[str, str] = {
+    command.tool: command.path_field
+    for command in (*TOOL_COMMANDS, *CLI_COMMANDS)
+    if issubclass(command, FileCommand) and command.mutates
+}
+
+
+def eventless_of_file(rows: Iterable[Row], streams: Collection[str], hosts: bool) -> list[AuditEntry]:
+    """Of calls that changed nothing and recorded no event (`rows` of `commands`), those whose
+    arguments name the file of `streams` (`file_streams`), however they spell it (`~`, `//`, a
+    link), newest first by when they ended."""
+    named = functools.lru_cache(maxsize=1024)(_streams_named)
+    wanted = set(streams)
+    entries = []
+    for row in rows:
+        arguments = json_or_text(row["arguments"])
+        path = arguments.get(FILE_CHANGING_TOOLS.get(row["tool"], "")) if isinstance(arguments, dict) else None
+        if isinstance(path, str) and not named(path).isdisjoint(wanted):
+            entries.append(audit_entry(row, [], row["host"] if hosts else None))
+    return sorted(entries, key=_ended, reverse=True)
+
+
+def _streams_named(path: str) -> frozenset[str]:
+    """The streams an absolute path (`~` allowed) as a call named it may stand for."""
+    expanded = os.path.expanduser(path)
+    if "\0" in expanded or not os.path.isabs(expanded):
+        return frozenset()
+    return frozenset({file_stream(os.path.normpath(expanded)), file_stream(os.path.realpath(expanded))})
+
+
+def with_eventless(
+    walked: Iterable[AuditEntry], eventless: Sequence[AuditEntry], streams: Collection[str]
+) -> Iterator[AuditEntry]:
+    """A file's commands as the walk of its events gives them (by their newest event on the
+    file, newest first), with the calls that failed before any event (`eventless_of_file`)
+    placed among them by when each ended."""
+    waiting = iter(eventless)
+    pending = next(waiting, None)
+    for entry in walked:
+        newest = max((e for e in entry.events if e.stream in streams), key=lambda e: e.position, default=None)
+        when = newest.recorded_at if newest is not None else _ended(entry)
+        while pending is not None and _ended(pending) > when:
+            yield pending
+            pending = next(waiting, None)
+        yield entry
+    if pending is not None:
+        yield pending
+        yield from waiting
+
+
+def _ended(entry: AuditEntry) -> str:
+    return entry.finished_at or entry.received_at
 
 
 def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:

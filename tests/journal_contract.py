@@ -401,6 +401,47 @@ class JournalContract:
         assert [e.id for e in reader.audit(AuditQuery(paths=paths, limit=1))] == [diff]
         assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=2))] == ["openDiff", "saveDocument"]
 
+    def test_a_files_audit_shows_its_changes_that_failed_before_any_event(
+        self, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        """Neovim unreachable, say: no event names the file, the call's arguments do, however
+        spelled, placed by when it ended among the rest, which are in the order of their newest
+        event on the file (a diff cancelled with no event of its own: by its proposal). A failed
+        read of the file, or a failed change of another, is not the file's story."""
+        first, blobs = saved("/src/a.py", None, b"one\n")
+        proposed = DiffProposed(path="/src/a.py", tab_name="t", old_path="/src/a.py", proposed_blob="p", shown_blob="s")
+        home_file = os.path.expanduser("~/src/h.py")
+
+        async def work() -> None:
+            await writer.finish(
+                record("saveDocument", {"filePath": "/src/a.py"}), None, "ok", events=[first], blobs=blobs
+            )
+            diff = await writer.begin(record("openDiff", {"new_file_path": "/src/a.py"}))
+            await writer.append(diff, [proposed], {})
+            # A NUL in any argument: PostgreSQL's json operators could not read these arguments.
+            spelled = {"filePath": "//src/../src/a.py", "note": "\x00"}
+            await writer.finish(record("saveDocument", spelled), None, "failed", error="Neovim is not reachable")
+            await writer.finish(record("checkDocumentDirty", {"filePath": "/src/a.py"}), None, "failed", error="-")
+            await writer.finish(record("openDiff", {"new_file_path": "/src/b.py"}), None, "rejected", error="-")
+            await writer.finish(record("saveDocument", {"filePath": "~/src/h.py"}), None, "failed", error="home")
+            await writer.finish(record("openDiff"), diff, "cancelled")
+
+        anyio.run(work)
+        reader = read()
+        paths = file_streams("/src/a.py")
+        assert [(e.tool, e.status, len(e.events)) for e in reader.audit(AuditQuery(paths=paths))] == [
+            ("saveDocument", "failed", 0),
+            ("openDiff", "cancelled", 1),
+            ("saveDocument", "ok", 1),
+        ]
+        assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=2))] == ["saveDocument", "openDiff"]
+        failed = reader.audit(AuditQuery(paths=paths, status="failed"))
+        assert [(e.tool, e.error, e.target) for e in failed] == [
+            ("saveDocument", "Neovim is not reachable", "//src/../src/a.py")
+        ]
+        assert [e.status for e in reader.audit(AuditQuery(paths=paths, tool="openDiff"))] == ["cancelled"]
+        assert [e.error for e in reader.audit(AuditQuery(paths=file_streams(home_file)))] == ["home"]
+
     def test_history_keeps_machines_apart(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         """One path on two machines is two files; a command whose machine is unknown (recorded
         before machines were) belongs to every machine's story."""

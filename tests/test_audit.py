@@ -19,7 +19,7 @@ import pytest
 from tests.journal_helpers import EditorSession, cli, record_editor_session
 from tests.rpc_client import StdioServer, result_json, toolbus_argv
 from toolbus.bus import AuditQuery
-from toolbus.journal.sqlite.audit import _command_sql, _driving_column
+from toolbus.journal.sqlite.audit import _command_sql, _driving_column, _failed_changes_sql
 from toolbus.journal.sqlite.readonly import open_readonly
 
 JSON_FIELDS = {
@@ -285,6 +285,26 @@ def test_a_status_other_than_ok_walks_the_partial_index(session: EditorSession) 
             assert "idx_commands_not_ok_status_received_at (status=?)" in step, step
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        AuditQuery(paths=("file:/a",)),
+        AuditQuery(paths=("file:/a",), since="2026-01-01", until="2027-01-01", agent="writer", session="s"),
+        AuditQuery(paths=("file:/a",), status="failed", tool="saveDocument", host="laptop"),
+    ],
+)
+def test_a_files_failed_calls_are_found_through_the_partial_index(session: EditorSession, query: AuditQuery) -> None:
+    """Never a walk of every command in the window, or of every save."""
+    conn = open_readonly(session.journal)
+    try:
+        found = _failed_changes_sql(query)
+        assert found is not None
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {found[0]}", found[1])]
+    finally:
+        conn.close()
+    assert "USING INDEX idx_commands_not_ok_status_received_at" in plan[0], plan
 
 
 def test_of_two_filters_the_rarer_one_drives(session: EditorSession) -> None:

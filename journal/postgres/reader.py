@@ -7,6 +7,7 @@ and the observations it may see); the admin's reads everything.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -21,7 +22,14 @@ from toolbus.bus import (
     file_streams,
 )
 from toolbus.bus.commands import SQLITE_INT_MAX
-from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
+from toolbus.journal.decoding import (
+    FILE_CHANGING_TOOLS,
+    audit_entry,
+    decode_stored_events,
+    eventless_of_file,
+    history_entry,
+    with_eventless,
+)
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
 from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
@@ -40,6 +48,13 @@ class PostgresReader:
         sql, params = _command_sql(query)
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             rows = cursor.execute(sql, params).fetchall()
+            failed = cursor.execute(*_failed_changes_sql(query)).fetchall() if query.paths else []
+        entries = self._entries(rows)
+        if query.paths:
+            entries = with_eventless(entries, eventless_of_file(failed, query.paths, hosts=True), query.paths)
+        yield from islice(entries, query.limit)
+
+    def _entries(self, rows: list[dict[str, Any]]) -> Iterator[AuditEntry]:
         for start in range(0, len(rows), _BATCH):  # each command once (`_command_sql`)
             batch = rows[start : start + _BATCH]
             events = self._events_of([row["id"] for row in batch])
@@ -127,8 +142,23 @@ class PostgresReader:
         return grouped
 
 
-def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
-    """The commands matching `query`, newest first (PostgreSQL's planner picks the index)."""
+def _failed_changes_sql(query: AuditQuery) -> tuple[str, list[Any]]:
+    """The calls that would change a file and ended before any event, matching `query`'s other
+    filters (through the partial index `commands_not_ok`). Their arguments are matched in Python
+    (`eventless_of_file`): as `json`, one holding `\\u0000` anywhere could not be read."""
+    where, params = _filters(query)
+    tools = [tool for tool in FILE_CHANGING_TOOLS if query.tool in (None, tool)]
+    where += [
+        "c.status <> 'ok'",
+        "c.tool = ANY(%s)",
+        "NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)",
+    ]
+    params.append(tools)
+    return f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)}", params
+
+
+def _filters(query: AuditQuery) -> tuple[list[str], list[Any]]:
+    """`query`'s filters on `commands AS c` but its paths, and their values."""
     pairs = (("tool", query.tool), ("status", query.status), ("session_id", query.session), ("agent", query.agent))
     where = [f"c.{column} = %s" for column, value in pairs if value is not None]
     params: list[Any] = [value for _, value in pairs if value is not None]
@@ -141,6 +171,12 @@ def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
     if query.host is not None:  # that machine's, and those of no known machine
         where.append("(c.host = %s OR c.host IS NULL)")
         params.append(query.host)
+    return where, params
+
+
+def _command_sql(query: AuditQuery) -> tuple[str, list[Any]]:
+    """The commands matching `query`, newest first (PostgreSQL's planner picks the index)."""
+    where, params = _filters(query)
     if query.paths:  # each command once, by its newest event on the file
         sql = (
             "SELECT c.* FROM (SELECT command_id, max(position) AS newest FROM events WHERE stream = ANY(%s)"

@@ -68,6 +68,9 @@ _TABLES = (
     "CREATE INDEX IF NOT EXISTS commands_by_time ON commands (received_at, id)",
     "CREATE INDEX IF NOT EXISTS commands_by_tool ON commands (tool, received_at)",
     "CREATE INDEX IF NOT EXISTS commands_by_agent ON commands (agent, received_at)",
+    # The rare calls whose status is not ok: `--status failed`, and a file's calls that failed
+    # before any event (`toolbus audit --path`). Added to an older journal by `journal init`.
+    "CREATE INDEX IF NOT EXISTS commands_not_ok ON commands (status, received_at) WHERE status <> 'ok'",
     """CREATE TABLE IF NOT EXISTS events (
         position bigint PRIMARY KEY,  -- given by next_position(): gapless, in commit order
         event_id text NOT NULL UNIQUE,

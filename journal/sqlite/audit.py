@@ -16,7 +16,14 @@ from typing import Any
 
 from toolbus.bus import AuditEntry, AuditQuery, HistoryEntry, NoSuchEvent, StoredEvent, file_streams
 from toolbus.bus.commands import SQLITE_INT_MAX
-from toolbus.journal.decoding import audit_entry, decode_stored_events, history_entry
+from toolbus.journal.decoding import (
+    FILE_CHANGING_TOOLS,
+    audit_entry,
+    decode_stored_events,
+    eventless_of_file,
+    history_entry,
+    with_eventless,
+)
 from toolbus.journal.sqlite.schema import NOT_OK
 
 _BATCH = 200
@@ -36,7 +43,42 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     cursor.row_factory = sqlite3.Row
     # A file's events walk yields a command once per event of it: the limit counts commands.
     batch = min(_BATCH, query.limit or _BATCH)
-    yield from islice(_each_once(conn, cursor, hosts, batch), query.limit)
+    entries = _each_once(conn, cursor, hosts, batch)
+    if query.paths:
+        entries = with_eventless(
+            entries, eventless_of_file(_failed_changes(conn, query), query.paths, hosts), query.paths
+        )
+    yield from islice(entries, query.limit)
+
+
+def _failed_changes(conn: sqlite3.Connection, query: AuditQuery) -> list[sqlite3.Row]:
+    """The calls that would change a file and ended before any event, matching `query`'s other
+    filters."""
+    if (found := _failed_changes_sql(query)) is None:
+        return []
+    cursor = conn.execute(*found)
+    cursor.row_factory = sqlite3.Row
+    return cursor.fetchall()
+
+
+def _failed_changes_sql(query: AuditQuery) -> tuple[str, list[Any]] | None:
+    """`_failed_changes`'s query, through the partial index of statuses other than ok, never the
+    whole table; None when no such call could match."""
+    tools = [tool for tool in FILE_CHANGING_TOOLS if query.tool in (None, tool)]
+    if query.status == "ok" or not tools:
+        return None
+    filters = _equalities(query)
+    # `+column` keeps SQLite off every index but the partial one, which the NOT_OK term selects.
+    where = [f"{'' if column == 'status' else '+'}c.{column} = ?" for column in filters]
+    where += [f"c.{NOT_OK}", f"+c.tool IN ({', '.join('?' * len(tools))})"]
+    window, bounds = _window(query, "+c.received_at")
+    where += window
+    where.append("NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)")
+    params: list[Any] = [*filters.values(), *tools, *bounds]
+    if query.host is not None:
+        where.append(_ON_HOST)
+        params.append(query.host)
+    return f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)}", params
 
 
 def _each_once(conn: sqlite3.Connection, cursor: sqlite3.Cursor, hosts: bool, batch: int) -> Iterator[AuditEntry]:
