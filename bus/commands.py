@@ -68,9 +68,17 @@ def typed_path(value: str) -> str:
     return os.path.abspath(os.path.expanduser(value))
 
 
+def without_nul(field: str, value: str) -> str:
+    """`value`, refused if it holds a NUL: no file or buffer name can, and the C calls that
+    resolve names would stop at it, taking `a.txt\\0.orig` for `a.txt`."""
+    if "\0" in value:
+        raise ValueError(f"{field}: expected a name without NUL characters (\\u0000)")
+    return value
+
+
 def absolute_path(field: str, value: str) -> str:
     """`~` expanded, then required to be absolute."""
-    expanded = os.path.expanduser(value)
+    expanded = os.path.expanduser(without_nul(field, value))
     if not os.path.isabs(expanded):
         raise ValueError(f'{field}: expected an absolute path, got "{value}"')
     return expanded
@@ -97,7 +105,7 @@ class FileCommand(Command, frozen=True, kw_only=True, dict=True):
 def file_uri_path(field: str, value: str) -> str:
     """The absolute path a `file://` URI names (percent-decoded)."""
     parts = urlsplit(value)
-    path = unquote(parts.path)
+    path = without_nul(field, unquote(parts.path))
     if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not os.path.isabs(path):
         raise ValueError(f'{field}: expected a file:// URI of an absolute path, got "{value}"')
     return path
@@ -169,6 +177,9 @@ class CloseTab(Command, frozen=True, kw_only=True):
     acts_outside = True
 
     tab_name: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+    def __post_init__(self) -> None:
+        without_nul("tab_name", self.tab_name)
 
 
 # --- IDE tools beyond the seeds ---------------------------------------------------------
@@ -306,6 +317,7 @@ class OpenDiff(FileCommand, frozen=True, kw_only=True, dict=True):
     def __post_init__(self) -> None:
         self.file  # noqa: B018  (checked at decoding, as FileCommand does)
         self.old_file  # noqa: B018
+        without_nul("tab_name", self.tab_name)
 
 
 class CloseAllDiffTabs(Command, frozen=True, kw_only=True):

@@ -60,6 +60,29 @@ async def test_a_scratch_buffer_named_like_a_file_is_not_that_file(
     assert scratch.read_text() == "the file\n"
 
 
+async def test_a_name_holding_nul_is_invalid_never_the_name_before_it(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """The C calls that resolve names stop at a NUL: `a.py\\0.orig` would be taken for `a.py`."""
+    edited = make(files, "a.py")
+    nvim.edit(edited)
+    nvim.set_lines(edited, ["unsaved"])
+    calls = [
+        ("close_tab", {"tab_name": f"{edited}\0.orig"}, "tab_name"),
+        ("saveDocument", {"filePath": f"{edited}\0/other.py"}, "filePath"),
+        ("checkDocumentDirty", {"filePath": f"{edited}\0"}, "filePath"),
+        ("openFile", {"filePath": f"{edited}\0"}, "filePath"),
+        ("getDiagnostics", {"uri": f"{edited.as_uri()}%00"}, "uri"),
+    ]
+    for tool, arguments, field in calls:
+        result = await client.call_tool(tool, arguments)
+        expected = f"Invalid arguments for {tool}: {field}: expected a name without NUL characters (\\u0000)"
+        assert result.is_error and text_of(result) == expected
+    assert nvim.lines(edited) == ["unsaved"] and edited.read_text() == "print('hello')\n"
+    assert [command["status"] for command in journal.commands()] == ["rejected"] * len(calls)
+    assert journal.events() == []
+
+
 async def test_a_symlinked_path_finds_the_real_files_buffer(client: Client, nvim: NeovimProcess, files: Path) -> None:
     real = make(files, "real/a.py")
     link = files / "link"
