@@ -5,13 +5,15 @@ that arrived later can reach Neovim first (a checkDocumentDirty sent before a sa
 could report the state after it). The read stream notes each editor call as it arrives; its
 handler waits for the calls noted before it to finish. A call leaves the queue when its handler
 finishes, when its answer goes out (the SDK refused it before any handler ran) or when the
-client cancels it, so no call can hold the others back for good.
+client cancels it before its turn, so no call can hold the others back for good. A call
+cancelled before its turn never takes it: the SDK cancels its task once it sees the same
+notice, and the journal records it `cancelled`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,6 +32,8 @@ class ArrivalOrder:
     def __init__(self, ordered_tools: Collection[str]) -> None:
         self._ordered_tools = frozenset(ordered_tools)
         self._waiting: dict[RequestId, None] = {}  # insertion-ordered: arrival order
+        self._started: set[RequestId] = set()  # took their turn: under way
+        self._cancelled: set[RequestId] = set()  # cancelled by the client before their turn
         # Made by the first call that waits, set and dropped when one leaves: most calls find
         # nobody before them, and should not pay for an event per call.
         self._moved: anyio.Event | None = None
@@ -40,7 +44,9 @@ class ArrivalOrder:
             self._waiting[message.id] = None
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
             request_id = (message.params or {}).get("requestId")
-            if isinstance(request_id, int | str):
+            if isinstance(request_id, int | str) and request_id in self._waiting and request_id not in self._started:
+                # Marked before the SDK sees the notice: woken by `left`, it must not run meanwhile.
+                self._cancelled.add(request_id)
                 self.left(request_id)
 
     def left(self, request_id: RequestId) -> None:
@@ -52,19 +58,30 @@ class ArrivalOrder:
                 self._moved = None
 
     @contextlib.asynccontextmanager
-    async def turn(self, request_id: RequestId | None) -> AsyncIterator[None]:
-        """Wait until every editor call that arrived before this one has finished."""
-        if request_id is None or request_id not in self._waiting:  # not an editor call
-            yield
-            return
+    async def turn(self, request_id: RequestId | None) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+        """For the length of a call: what waits until every editor call that arrived before it
+        has finished (at once for any other call)."""
         try:
-            while request_id in self._waiting and next(iter(self._waiting)) != request_id:
-                if self._moved is None:
-                    self._moved = anyio.Event()
-                await self._moved.wait()
-            yield
+            yield lambda: self._take_turn(request_id)
         finally:
-            self.left(request_id)
+            if request_id is not None:
+                self._started.discard(request_id)
+                self._cancelled.discard(request_id)
+                self.left(request_id)
+
+    async def _take_turn(self, request_id: RequestId | None) -> None:
+        if request_id is None:
+            return
+        while request_id in self._waiting and next(iter(self._waiting)) != request_id:
+            if self._moved is None:
+                self._moved = anyio.Event()
+            await self._moved.wait()
+        # Cancelled before its turn, even before its task began: the SDK, which saw the same
+        # notice, cancels it.
+        if request_id in self._cancelled:
+            await anyio.sleep_forever()
+        if request_id in self._waiting:  # an editor call (any other was never noted)
+            self._started.add(request_id)
 
     def answers(self, write: WriteStream[SessionMessage]) -> WriteStream[SessionMessage]:
         """`write`, noting each answer that goes out: its call holds back no one any more."""

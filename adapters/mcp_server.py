@@ -107,8 +107,8 @@ def build_server(
                 reporters.append(asyncio.get_running_loop().create_task(_report_progress(ctx, token, interval)))
 
         try:
-            async with arrivals.turn(ctx.request_id):
-                reply = await bus.handle(params.name, arguments_as_sent(params.arguments), caller, waiting)
+            async with arrivals.turn(ctx.request_id) as its_turn:
+                reply = await bus.handle(params.name, arguments_as_sent(params.arguments), caller, waiting, its_turn)
         except ToolbusError as error:
             result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
         else:

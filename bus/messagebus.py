@@ -142,9 +142,12 @@ class Bus:
         arguments: object,
         caller: Caller,
         waiting: Callable[[], None] = _no_wait,
+        its_turn: Callable[[], Awaitable[None]] | None = None,
     ) -> Reply:
         """Run one tool call. Raises `ToolbusError` (already journaled) when it cannot.
-        `waiting` is called if the call goes on to wait for a person (see `HandlerContext.waiting`)."""
+        `waiting` is called if the call goes on to wait for a person (see `HandlerContext.waiting`);
+        `its_turn` is awaited before the handler runs (the calls before it finished): a call
+        cancelled meanwhile is journaled `cancelled`."""
         command_type = self.commands.get(tool)
         changes = command_type is not None and command_type.mutates
         record = CommandRecord(
@@ -158,14 +161,22 @@ class Bus:
             rejected = msgspec.structs.replace(record, changes=False)
             await self._journal.finish(rejected, None, "rejected", error=str(error))
             raise
-        return await self._run(command, record, waiting)
+        return await self._run(command, record, waiting, its_turn)
 
-    async def _run(self, command: Command, record: CommandRecord, waiting: Callable[[], None]) -> Reply:
+    async def _run(
+        self,
+        command: Command,
+        record: CommandRecord,
+        waiting: Callable[[], None],
+        its_turn: Callable[[], Awaitable[None]] | None,
+    ) -> Reply:
         context: HandlerContext[Any] = HandlerContext(
             caller=record.caller, services=self.services, _journal=self._journal, _record=record, _waiting=waiting
         )
         handler = self._handlers[type(command)]
         try:
+            if its_turn is not None:
+                await its_turn()
             reply = await handler(command, context)
         except anyio.get_cancelled_exc_class():
             # The reply will never be sent, but the journal still gets its outcome.

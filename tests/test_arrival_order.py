@@ -61,3 +61,30 @@ def test_a_call_refused_before_it_ran_or_cancelled_holds_no_one_back(
         server.notify("notifications/cancelled", {"requestId": cancelled})
         after = server.send_request("tools/call", {"name": "checkDocumentDirty", "arguments": {"filePath": str(path)}})
         assert result_json(server.wait_for(after))["isDirty"] is False
+
+
+def test_a_call_cancelled_before_its_turn_never_runs(
+    tmp_path: Path, nvim: NeovimProcess, files: Path, journal_path: Path
+) -> None:
+    """Woken by its cancellation, it must not run before the SDK cancels it: a cancelled
+    close_tab queued behind a slow save once wiped its buffer anyway."""
+    slow, kept = files / "slow.txt", files / "kept.txt"
+    for path in (slow, kept):
+        path.write_text("old\n")
+        nvim.edit(path)
+    nvim.set_lines(slow, ["new"])
+    # The save holds Neovim for a second: the close is still queued when its cancellation comes.
+    nvim.command("autocmd BufWritePre * let g:t = reltime() | while reltimefloat(reltime(g:t)) < 1 | endwhile")
+    with StdioServer(toolbus_argv(journal_path, nvim=nvim.address), stderr=tmp_path / "serve.stderr") as server:
+        server.initialize()
+        save = server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(slow)}})
+        close = server.send_request("tools/call", {"name": "close_tab", "arguments": {"tab_name": str(kept)}})
+        server.notify("notifications/cancelled", {"requestId": close})
+        assert result_json(server.wait_for(save))["saved"] is True
+        after = server.send_request("tools/call", {"name": "getOpenEditors", "arguments": {}})
+        assert kept.resolve().as_uri() in {tab["uri"] for tab in result_json(server.wait_for(after))["tabs"]}
+
+    journal = JournalReader(journal_path)
+    assert [(c["tool"], c["status"]) for c in journal.commands("close_tab")] == [("close_tab", "cancelled")]
+    assert journal.events("TabClosed") == []
+    assert str(kept) in nvim.buffer_names()
