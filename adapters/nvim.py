@@ -53,6 +53,8 @@ T = TypeVar("T")
 NvimCall = Callable[[pynvim.Nvim], T]
 
 DEFAULT_TIMEOUT = 5.0
+# How long a Neovim found stuck gets to answer a cheap question before a call is refused.
+STUCK_PROBE_SECONDS = 0.5
 LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
 # Versioned by content, so toolbus processes of different versions can share one Neovim.
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
@@ -578,6 +580,12 @@ class NvimEditor:
         return self._session
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
+        if session.address in self.stuck and not await self._answers_again(session.address):
+            raise EditorUnavailable(
+                f"Neovim at {session.address} is stuck in a loop that cannot be interrupted (a Lua loop "
+                f"ignores <C-c>): it did not answer within {self.timeout:g} s, and still does not, so "
+                "nothing was sent to it. Restart that Neovim, then try again"
+            )
         try:
             result = await _within(session.request(method, *args), self.timeout)
         except TimeoutError:
@@ -588,6 +596,14 @@ class NvimEditor:
             raise _unreachable(session.address, error) from None
         self.stuck.discard(session.address)  # it answers again (or was restarted)
         return result
+
+    async def _answers_again(self, address: str) -> bool:
+        """Whether a Neovim found stuck answers a cheap question now (restarted, or its loop
+        ended). Asked instead of the call: each call behind a stuck one would wait a whole timeout."""
+        if await _ask(address, "nvim_get_mode", timeout=min(self.timeout, STUCK_PROBE_SECONDS)) is None:
+            return False
+        self.stuck.discard(address)
+        return True
 
     def _timed_out(self, address: str) -> EditorTimeout:
         """The timeout error, answered at once; unblocking Neovim goes on in the background."""
