@@ -206,6 +206,7 @@ def audit_query(args: argparse.Namespace) -> Any:
         # A path names a file on one machine: this one's, unless told.
         host=chosen_host(args, this_host() if args.path else None),
         limit=parse_limit(args.limit),
+        here=this_host(),
     )
     if query.since is not None and query.until is not None and query.since >= query.until:
         raise ValueError(f"--since {args.since} is not before --until {args.until}: no call could match")

@@ -181,6 +181,8 @@ class AuditQuery:
     # Only this machine's commands, and those recorded before journals kept the machine.
     host: str | None = None
     limit: int | None = 50
+    # The machine the query is made on: a path with `~` that a call there sent is this user's.
+    here: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,16 @@ from typing import Any, Protocol
 
 import msgspec
 
-from toolbus.bus import CLI_COMMANDS, TOOL_COMMANDS, AuditEntry, HistoryEntry, StoredEvent, decode_event, file_stream
+from toolbus.bus import (
+    CLI_COMMANDS,
+    STATUSES,
+    TOOL_COMMANDS,
+    AuditEntry,
+    HistoryEntry,
+    StoredEvent,
+    decode_event,
+    file_stream,
+)
 from toolbus.bus.commands import FileCommand
 from toolbus.bus.queries import Observations
 
@@ -59,51 +68,75 @@ FILE_CHANGING_TOOLS: dict[str, str] = {
 }
 
 
-def eventless_of_file(rows: Iterable[Row], streams: Collection[str], hosts: bool) -> list[AuditEntry]:
-    """Of calls that changed nothing and recorded no event (`rows` of `commands`), those whose
-    arguments name the file of `streams` (`file_streams`), however they spell it (`~`, `//`, a
-    link), newest first by when they ended."""
+def not_ok_statuses(status: str | None) -> tuple[str, ...]:
+    """The statuses a file's failed calls may have under a `--status` filter."""
+    return tuple(each for each in STATUSES if each != "ok" and status in (None, each))
+
+
+class _NamedPaths(msgspec.Struct):
+    """The arguments that name a file (`FILE_CHANGING_TOOLS`), read without the rest: an
+    openDiff's megabyte of proposed text is skipped, not decoded."""
+
+    filePath: Any = None
+    new_file_path: Any = None
+    path: Any = None
+
+
+def eventless_matcher(streams: Collection[str], hosts: bool, here: str | None) -> Callable[[Row], AuditEntry | None]:
+    """For a call that changed nothing and recorded no event (a row of `commands`): its entry
+    if its arguments name the file of `streams` (`file_streams`), however they spell it (`//`,
+    `..`, a link; `~` for a call made on this machine, `here`), else None."""
     named = functools.lru_cache(maxsize=1024)(_streams_named)
     wanted = set(streams)
-    entries = []
-    for row in rows:
-        arguments = json_or_text(row["arguments"])
-        path = arguments.get(FILE_CHANGING_TOOLS.get(row["tool"], "")) if isinstance(arguments, dict) else None
-        if isinstance(path, str) and not named(path).isdisjoint(wanted):
-            entries.append(audit_entry(row, [], row["host"] if hosts else None))
-    return sorted(entries, key=_ended, reverse=True)
+
+    def match(row: Row) -> AuditEntry | None:
+        try:
+            arguments = msgspec.json.decode(row["arguments"], type=_NamedPaths)
+        except msgspec.DecodeError:  # not an object, or not JSON: it names no file
+            return None
+        path = getattr(arguments, FILE_CHANGING_TOOLS.get(row["tool"], ""), None)
+        home = hosts and here is not None and row["host"] == here  # whose `~` it was: this machine's
+        if isinstance(path, str) and not named(path, home).isdisjoint(wanted):
+            return audit_entry(row, [], row["host"] if hosts else None)
+        return None
+
+    return match
 
 
-def _streams_named(path: str) -> frozenset[str]:
-    """The streams an absolute path (`~` allowed) as a call named it may stand for."""
-    expanded = os.path.expanduser(path)
-    if "\0" in expanded or not os.path.isabs(expanded):
+def _streams_named(path: str, home: bool) -> frozenset[str]:
+    """The streams an absolute path as a call named it may stand for (`~` only if `home`)."""
+    if "\0" in path:  # rejected when sent; a journal from before may hold one
+        return frozenset()
+    expanded = os.path.expanduser(path) if home else path
+    if not os.path.isabs(expanded):
         return frozenset()
     return frozenset({file_stream(os.path.normpath(expanded)), file_stream(os.path.realpath(expanded))})
 
 
 def with_eventless(
-    walked: Iterable[AuditEntry], eventless: Sequence[AuditEntry], streams: Collection[str]
+    walked: Iterable[AuditEntry],
+    candidates: Iterable[Row],
+    match: Callable[[Row], AuditEntry | None],
+    streams: Collection[str],
 ) -> Iterator[AuditEntry]:
     """A file's commands as the walk of its events gives them (by their newest event on the
-    file, newest first), with the calls that failed before any event (`eventless_of_file`)
-    placed among them by when each ended."""
-    waiting = iter(eventless)
-    pending = next(waiting, None)
+    file, newest first), with the calls among `candidates` (newest first by when they were
+    received) that `match` the file placed among them. Both are read lazily, and a candidate is
+    looked at only once the walk has reached its time."""
+    rows = iter(candidates)
+    row = next(rows, None)
     for entry in walked:
         newest = max((e for e in entry.events if e.stream in streams), key=lambda e: e.position, default=None)
-        when = newest.recorded_at if newest is not None else _ended(entry)
-        while pending is not None and _ended(pending) > when:
-            yield pending
-            pending = next(waiting, None)
+        when = newest.recorded_at if newest is not None else entry.received_at
+        while row is not None and row["received_at"] > when:
+            if (found := match(row)) is not None:
+                yield found
+            row = next(rows, None)
         yield entry
-    if pending is not None:
-        yield pending
-        yield from waiting
-
-
-def _ended(entry: AuditEntry) -> str:
-    return entry.finished_at or entry.received_at
+    while row is not None:
+        if (found := match(row)) is not None:
+            yield found
+        row = next(rows, None)
 
 
 def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ from toolbus.bus import (
     blob_hash,
     file_streams,
 )
+from toolbus.bus.moments import iso_time
 from toolbus.bus.queries import SearchQuery
 from toolbus.handlers import MemoryStore
 from toolbus.journal import recoverable
@@ -405,42 +407,59 @@ class JournalContract:
         self, writer: JournalWriter, read: Callable[[], JournalReader]
     ) -> None:
         """Neovim unreachable, say: no event names the file, the call's arguments do, however
-        spelled, placed by when it ended among the rest, which are in the order of their newest
-        event on the file (a diff cancelled with no event of its own: by its proposal). A failed
-        read of the file, or a failed change of another, is not the file's story."""
+        spelled (`~` only for a call made on the machine asking). Each is placed by when it was
+        received among the rest, which are in the order of their newest event on the file (a
+        diff cancelled with no event of its own: by its proposal), and every filter applies to
+        it. A failed read of the file, or a failed change of another, is not the file's story."""
         first, blobs = saved("/src/a.py", None, b"one\n")
         proposed = DiffProposed(path="/src/a.py", tab_name="t", old_path="/src/a.py", proposed_blob="p", shown_blob="s")
+        on_laptop = Caller(agent="claude", department="platform", host="laptop")
         home_file = os.path.expanduser("~/src/h.py")
+        a_py = {"filePath": "/src/a.py"}
 
-        async def work() -> None:
-            await writer.finish(
-                record("saveDocument", {"filePath": "/src/a.py"}), None, "ok", events=[first], blobs=blobs
-            )
-            diff = await writer.begin(record("openDiff", {"new_file_path": "/src/a.py"}))
+        def now(tool: str, arguments: dict[str, str], caller: Caller = CLAUDE) -> CommandRecord:
+            return CommandRecord(tool=tool, arguments=arguments, caller=caller, received_ns=time.time_ns())
+
+        async def work() -> str:
+            await writer.finish(now("saveDocument", a_py), None, "failed", error="before all")
+            await writer.finish(now("saveDocument", a_py), None, "ok", events=[first], blobs=blobs)
+            diff = await writer.begin(now("openDiff", {"new_file_path": "/src/a.py"}))
             await writer.append(diff, [proposed], {})
+            since = iso_time(time.time_ns())
             # A NUL in any argument: PostgreSQL's json operators could not read these arguments.
             spelled = {"filePath": "//src/../src/a.py", "note": "\x00"}
-            await writer.finish(record("saveDocument", spelled), None, "failed", error="Neovim is not reachable")
-            await writer.finish(record("checkDocumentDirty", {"filePath": "/src/a.py"}), None, "failed", error="-")
-            await writer.finish(record("openDiff", {"new_file_path": "/src/b.py"}), None, "rejected", error="-")
-            await writer.finish(record("saveDocument", {"filePath": "~/src/h.py"}), None, "failed", error="home")
-            await writer.finish(record("openDiff"), diff, "cancelled")
+            await writer.finish(now("saveDocument", spelled), None, "failed", error="Neovim is not reachable")
+            await writer.finish(now("checkDocumentDirty", a_py), None, "failed", error="a read")
+            await writer.finish(now("openDiff", {"new_file_path": "/src/b.py"}), None, "rejected", error="b.py")
+            await writer.finish(now("saveDocument", a_py, REVIEWER), None, "failed", error="reviewer")
+            await writer.finish(
+                now("saveDocument", {"filePath": "~/src/h.py"}, on_laptop), None, "failed", error="home"
+            )
+            # As a journal from before NUL was refused may hold it.
+            await writer.finish(now("saveDocument", {"filePath": "~\x00/x"}, on_laptop), None, "rejected", error="nul")
+            await writer.finish(now("openDiff", {}), diff, "cancelled")
+            return since
 
-        anyio.run(work)
+        since = anyio.run(work)
         reader = read()
         paths = file_streams("/src/a.py")
-        assert [(e.tool, e.status, len(e.events)) for e in reader.audit(AuditQuery(paths=paths))] == [
-            ("saveDocument", "failed", 0),
-            ("openDiff", "cancelled", 1),
-            ("saveDocument", "ok", 1),
-        ]
-        assert [e.tool for e in reader.audit(AuditQuery(paths=paths, limit=2))] == ["saveDocument", "openDiff"]
-        failed = reader.audit(AuditQuery(paths=paths, status="failed"))
-        assert [(e.tool, e.error, e.target) for e in failed] == [
-            ("saveDocument", "Neovim is not reachable", "//src/../src/a.py")
-        ]
-        assert [e.status for e in reader.audit(AuditQuery(paths=paths, tool="openDiff"))] == ["cancelled"]
-        assert [e.error for e in reader.audit(AuditQuery(paths=file_streams(home_file)))] == ["home"]
+
+        def errors(**filters: Any) -> list[str | None]:
+            return [e.error or e.status for e in reader.audit(AuditQuery(paths=paths, **filters))]
+
+        assert errors() == ["reviewer", "Neovim is not reachable", "cancelled", "ok", "before all"]
+        assert [len(e.events) for e in reader.audit(AuditQuery(paths=paths))] == [0, 0, 1, 1, 0]
+        assert errors(limit=2) == ["reviewer", "Neovim is not reachable"]
+        assert errors(status="failed") == ["reviewer", "Neovim is not reachable", "before all"]
+        assert errors(agent="claude") == ["Neovim is not reachable", "cancelled", "ok", "before all"]
+        assert errors(since=since) == ["reviewer", "Neovim is not reachable"]
+        assert errors(until=since) == ["cancelled", "ok", "before all"]
+        assert errors(tool="openDiff") == ["cancelled"]
+        [_, spelled] = reader.audit(AuditQuery(paths=paths, limit=2))
+        assert spelled.target == "//src/../src/a.py"
+        home = file_streams(home_file)
+        assert [e.error for e in reader.audit(AuditQuery(paths=home, here="laptop"))] == ["home"]
+        assert [e.error for e in reader.audit(AuditQuery(paths=home, here="server"))] == []  # another's `~`
 
     def test_history_keeps_machines_apart(self, writer: JournalWriter, read: Callable[[], JournalReader]) -> None:
         """One path on two machines is two files; a command whose machine is unknown (recorded

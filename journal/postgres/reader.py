@@ -6,6 +6,8 @@ and the observations it may see); the admin's reads everything.
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
@@ -26,8 +28,9 @@ from toolbus.journal.decoding import (
     FILE_CHANGING_TOOLS,
     audit_entry,
     decode_stored_events,
-    eventless_of_file,
+    eventless_matcher,
     history_entry,
+    not_ok_statuses,
     with_eventless,
 )
 from toolbus.journal.location import shown
@@ -48,11 +51,24 @@ class PostgresReader:
         sql, params = _command_sql(query)
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             rows = cursor.execute(sql, params).fetchall()
-            failed = cursor.execute(*_failed_changes_sql(query)).fetchall() if query.paths else []
         entries = self._entries(rows)
         if query.paths:
-            entries = with_eventless(entries, eventless_of_file(failed, query.paths, hosts=True), query.paths)
+            match = eventless_matcher(query.paths, hosts=True, here=query.here)
+            entries = with_eventless(entries, self._failed_changes(query), match, query.paths)
         yield from islice(entries, query.limit)
+
+    def _failed_changes(self, query: AuditQuery) -> Iterator[dict[str, Any]]:
+        """The calls that would change a file and ended before any event, matching `query`'s
+        other filters, newest first: each status's walk of `commands_not_ok`, in batches as far
+        as the audit goes, merged."""
+        walks = [self._failed_with_status(query, status) for status in not_ok_statuses(query.status)]
+        return heapq.merge(*walks, key=lambda row: (row["received_at"], row["id"]), reverse=True)
+
+    def _failed_with_status(self, query: AuditQuery, status: str) -> Iterator[dict[str, Any]]:
+        before: tuple[str, int] | None = None
+        while rows := self._rows(*_failed_changes_sql(query, status, before)):
+            yield from rows
+            before = (rows[-1]["received_at"], rows[-1]["id"])
 
     def _entries(self, rows: list[dict[str, Any]]) -> Iterator[AuditEntry]:
         for start in range(0, len(rows), _BATCH):  # each command once (`_command_sql`)
@@ -142,19 +158,27 @@ class PostgresReader:
         return grouped
 
 
-def _failed_changes_sql(query: AuditQuery) -> tuple[str, list[Any]]:
-    """The calls that would change a file and ended before any event, matching `query`'s other
-    filters (through the partial index `commands_not_ok`). Their arguments are matched in Python
-    (`eventless_of_file`): as `json`, one holding `\\u0000` anywhere could not be read."""
+def _failed_changes_sql(query: AuditQuery, status: str, before: tuple[str, int] | None) -> tuple[str, list[Any]]:
+    """A batch of the calls of `status` that would change a file and ended before any event,
+    matching `query`'s other filters, newest first from `before` (received_at, id). Their
+    arguments are matched in Python (`eventless_matcher`): as `json`, one holding `\\u0000`
+    anywhere could not be read."""
+    query = dataclasses.replace(query, status=None)
     where, params = _filters(query)
     tools = [tool for tool in FILE_CHANGING_TOOLS if query.tool in (None, tool)]
     where += [
+        "c.status = %s",
         "c.status <> 'ok'",
         "c.tool = ANY(%s)",
         "NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)",
     ]
-    params.append(tools)
-    return f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)}", params
+    params += [status, tools]
+    if before is not None:
+        where.append("(c.received_at, c.id) < (%s, %s)")
+        params += before
+    params.append(_BATCH)
+    sql = f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)} ORDER BY c.received_at DESC, c.id DESC LIMIT %s"
+    return sql, params
 
 
 def _filters(query: AuditQuery) -> tuple[list[str], list[Any]]:

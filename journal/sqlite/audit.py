@@ -9,6 +9,7 @@ a batch of commands' events by `command_id`.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import sqlite3
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -20,8 +21,9 @@ from toolbus.journal.decoding import (
     FILE_CHANGING_TOOLS,
     audit_entry,
     decode_stored_events,
-    eventless_of_file,
+    eventless_matcher,
     history_entry,
+    not_ok_statuses,
     with_eventless,
 )
 from toolbus.journal.sqlite.schema import NOT_OK
@@ -45,40 +47,45 @@ def audit(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[AuditEntry]:
     batch = min(_BATCH, query.limit or _BATCH)
     entries = _each_once(conn, cursor, hosts, batch)
     if query.paths:
-        entries = with_eventless(
-            entries, eventless_of_file(_failed_changes(conn, query), query.paths, hosts), query.paths
-        )
+        match = eventless_matcher(query.paths, hosts, query.here)
+        entries = with_eventless(entries, _failed_changes(conn, query), match, query.paths)
     yield from islice(entries, query.limit)
 
 
-def _failed_changes(conn: sqlite3.Connection, query: AuditQuery) -> list[sqlite3.Row]:
+def _failed_changes(conn: sqlite3.Connection, query: AuditQuery) -> Iterator[sqlite3.Row]:
     """The calls that would change a file and ended before any event, matching `query`'s other
-    filters."""
-    if (found := _failed_changes_sql(query)) is None:
-        return []
-    cursor = conn.execute(*found)
+    filters, newest first: one walk of the partial index per status, merged. Lazy: rows are
+    read only as far as the audit goes."""
+    walks = [_rows_of(conn, *_failed_changes_sql(query, status)) for status in not_ok_statuses(query.status)]
+    return heapq.merge(*walks, key=lambda row: (row["received_at"], row["id"]), reverse=True)
+
+
+def _rows_of(conn: sqlite3.Connection, sql: str, params: list[Any]) -> Iterator[sqlite3.Row]:
+    """`sql`'s rows as read. Not the cursor, nor `yield from` it: an audit left part way is
+    closed when collected, maybe after its connection, and closing the cursor then would raise."""
+    cursor = conn.execute(sql, params)
     cursor.row_factory = sqlite3.Row
-    return cursor.fetchall()
+    for row in cursor:  # noqa: UP028
+        yield row
 
 
-def _failed_changes_sql(query: AuditQuery) -> tuple[str, list[Any]] | None:
-    """`_failed_changes`'s query, through the partial index of statuses other than ok, never the
-    whole table; None when no such call could match."""
+def _failed_changes_sql(query: AuditQuery, status: str) -> tuple[str, list[Any]]:
+    """`_failed_changes`'s walk of one status, through the partial index of statuses other than
+    ok in its order: never the whole table, never a sort."""
     tools = [tool for tool in FILE_CHANGING_TOOLS if query.tool in (None, tool)]
-    if query.status == "ok" or not tools:
-        return None
-    filters = _equalities(query)
+    filters = {column: value for column, value in _equalities(query).items() if column != "status"}
     # `+column` keeps SQLite off every index but the partial one, which the NOT_OK term selects.
-    where = [f"{'' if column == 'status' else '+'}c.{column} = ?" for column in filters]
-    where += [f"c.{NOT_OK}", f"+c.tool IN ({', '.join('?' * len(tools))})"]
+    where = ["c.status = ?", f"c.{NOT_OK}", f"+c.tool IN ({', '.join('?' * len(tools))})"]
+    where += [f"+c.{column} = ?" for column in filters]
     window, bounds = _window(query, "+c.received_at")
     where += window
     where.append("NOT EXISTS (SELECT 1 FROM events AS e WHERE e.command_id = c.id)")
-    params: list[Any] = [*filters.values(), *tools, *bounds]
+    params: list[Any] = [status, *tools, *filters.values(), *bounds]
     if query.host is not None:
         where.append(_ON_HOST)
         params.append(query.host)
-    return f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)}", params
+    sql = f"SELECT c.* FROM commands AS c WHERE {' AND '.join(where)} ORDER BY c.received_at DESC, c.id DESC"
+    return sql, params
 
 
 def _each_once(conn: sqlite3.Connection, cursor: sqlite3.Cursor, hosts: bool, batch: int) -> Iterator[AuditEntry]:
