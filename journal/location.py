@@ -38,11 +38,21 @@ def not_a_file(location: str) -> str | None:
     return None
 
 
+def ambiguous_login(url: str) -> bool:
+    """Whether a URL's user and password (before its last '@') hold an '@', '#', '?' or '/'
+    that was not percent-encoded: parsers then split it differently, and a piece of the password
+    would pass for a host or a port."""
+    login = url.partition("://")[2].rpartition("@")[0]
+    return any(mark in login for mark in "@#?/")
+
+
 def shown(location: Path | str) -> str:
     """The journal's location as logs and messages may show it: a URL without its password
     (and without its query, which may hold one too)."""
     if isinstance(location, Path):
         return str(location)
+    if ambiguous_login(location):
+        return "a URL that cannot be read"
     try:
         parts = urlsplit(location)
         user = f"{parts.username}@" if parts.username else ""

@@ -238,10 +238,15 @@ def test_the_password_never_appears_in_an_error(team: Team) -> None:
         "postgresql://bob:Sup3r%zzSecret@localhost/db",
         "postgresql://bob:Sup3r Secret@localhost/db",
         "postgresql://bob:Sup3rSecret@[::1/db",
+        # Unencoded, an '@' makes the rest of the password libpq's host, and a '#' or '?' ends
+        # the URL's authority: the digits before it would be shown as a port.
+        "postgresql://bob:p@Sup3rSecret@127.0.0.1:5499/db",
+        "postgresql://bob:5432#Sup3rSecret@127.0.0.1:5499/db",
+        "postgresql://bob:5432?Sup3rSecret@127.0.0.1:5499/db",
     ],
 )
 def test_a_url_libpq_cannot_read_is_refused_without_quoting_it(url: str) -> None:
     with pytest.raises(JournalUnavailable) as raised:
         PostgresJournal(url)
-    assert "Sup3r" not in str(raised.value) and raised.value.__cause__ is None
+    assert "Sup3r" not in str(raised.value) and "5432" not in str(raised.value) and raised.value.__cause__ is None
     assert "cannot be read" in str(raised.value)

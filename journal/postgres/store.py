@@ -25,7 +25,7 @@ from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailabl
 from toolbus.bus.events import decode_event, encode_event_data
 from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
-from toolbus.journal.location import shown
+from toolbus.journal.location import ambiguous_login, shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
 from toolbus.journal.postgres.schema import SCHEMA, keeps_pending, schema_version
 from toolbus.journal.rows import Outcome, command_row, event_ids, json_without_nul, storable_row, without_nul
@@ -47,13 +47,11 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
     """A connection in autocommit mode (transactions are explicit) with the journal's schema
     on its search path; `JournalUnavailable` when the server cannot be reached. libpq's own
     words about a URL it cannot read may quote the password: those are never repeated."""
-    try:
-        conninfo_to_dict(url)
-    except psycopg.Error:
+    if ambiguous_login(url) or not _readable(url):
         raise JournalUnavailable(
             f"the team journal's URL cannot be read ({shown(url)}): a password or name holding "
             "special characters must be percent-encoded"
-        ) from None
+        )
     try:
         return psycopg.connect(
             url,
@@ -96,6 +94,14 @@ def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
     row = conn.execute("SELECT current_user, my_department()").fetchone()
     assert row is not None
     return str(row[0]), row[1]
+
+
+def _readable(url: str) -> bool:
+    try:
+        conninfo_to_dict(url)
+    except psycopg.Error:
+        return False
+    return True
 
 
 def _reason(error: psycopg.Error) -> str:
