@@ -252,6 +252,20 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
         assert f"{steps} from this login's events to replay (dry run" in dry.stdout
 
 
+def test_copy_keeps_an_empty_text_a_save_replaced(team: Team, tmp_path: Path) -> None:
+    """A file that was empty on disk is a text like any other: recoverable after the copy."""
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default", host="laptop")
+    save, blobs = saved("/src/empty.py", b"", b"hello\n")
+    anyio.run(lambda: writer.finish(record("saveDocument", caller=me), None, "ok", events=[save], blobs=blobs))
+    writer.close()
+    assert cli("journal", "copy", str(local), team.url("alice")).returncode == 0
+    [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
+    recovered = cli("recover", str(saved_at), "--journal", team.url("alice"))
+    assert (recovered.returncode, recovered.stdout) == (0, ""), recovered.stderr
+
+
 @pytest.mark.heavy
 async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: Path) -> None:
     import pgserver

@@ -89,7 +89,9 @@ def _prepared(source: JournalReader, entry: AuditEntry, as_login: Caller | None)
             host=entry.host,
         )
     events = [_in_name_of(_event(stored.type, stored.data), as_login) for stored in entry.events]
-    blobs = {digest: text for stored in entry.events for digest in stored.blobs if (text := source.blob(digest))}
+    blobs = {
+        digest: text for stored in entry.events for digest in stored.blobs if (text := source.blob(digest)) is not None
+    }
     record = CommandRecord(
         tool=entry.tool, arguments=entry.arguments, caller=caller, received_ns=epoch_ns(parse_iso(entry.received_at).at)
     )
