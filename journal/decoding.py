@@ -73,13 +73,11 @@ def not_ok_statuses(status: str | None) -> tuple[str, ...]:
     return tuple(each for each in STATUSES if each != "ok" and status in (None, each))
 
 
-class _NamedPaths(msgspec.Struct):
-    """The arguments that name a file (`FILE_CHANGING_TOOLS`), read without the rest: an
-    openDiff's megabyte of proposed text is skipped, not decoded."""
-
-    filePath: Any = None
-    new_file_path: Any = None
-    path: Any = None
+# The arguments that name a file (`FILE_CHANGING_TOOLS`), read without the rest: an openDiff's
+# megabyte of proposed text is skipped, not decoded.
+_NamedPaths = msgspec.defstruct(
+    "_NamedPaths", [(name, Any, None) for name in sorted(set(FILE_CHANGING_TOOLS.values()))]
+)
 
 
 def eventless_matcher(streams: Collection[str], hosts: bool, here: str | None) -> Callable[[Row], AuditEntry | None]:
