@@ -67,6 +67,41 @@ def test_a_journal_held_by_another_writer_is_explained_as_locked(tmp_path: Path)
         journal.close()
 
 
+@pytest.mark.anyio
+async def test_work_queued_behind_a_wait_for_another_writer_waits_only_its_own_timeout(tmp_path: Path) -> None:
+    """Another process holds the journal: work handed over together fails together, each after
+    its own timeout counted from the hand-over, never one timeout after another; the record of
+    a failure that found the journal held does not wait again; once free, work waits in full."""
+    path = tmp_path / "journal.db"
+    journal = SqliteJournal(path, busy_timeout=0.3)
+    other = sqlite3.connect(path, isolation_level=None)
+    allowed_ms: list[int] = []  # how long each work may wait for the other writer
+
+    def write(conn: sqlite3.Connection) -> None:
+        allowed_ms.append(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+
+    async def write_then_record_its_failure() -> None:
+        for _ in range(2):
+            with pytest.raises(JournalUnavailable, match="locked by another process"):
+                await journal.run(write)
+
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        async with anyio.create_task_group() as calls:
+            for _ in range(3):
+                calls.start_soon(write_then_record_its_failure)
+        other.execute("ROLLBACK")
+        await journal.run(write)
+    finally:
+        other.close()
+        journal.close()
+    # The first waited its 300 ms; the others had spent theirs queued behind it; no failure's
+    # record waited; the work after the other writer let go could wait in full.
+    assert allowed_ms == [300, 0, 0, 0, 0, 0, 300], allowed_ms
+
+
 # --- one path on two machines -----------------------------------------------------------------
 
 

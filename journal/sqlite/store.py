@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -50,6 +51,15 @@ FALLBACK_CHECKPOINT_PAGES = 10_000
 READ_FLUSH_DELAY = 0.2
 # The most text a commit that waits for no disk may carry and still be written on the event loop.
 AT_ONCE_BYTES = 64 * 1024
+# Work that waited its turn longer than this has its wait for another process's lock shortened.
+_QUEUED_NOTICEABLY = 0.01
+
+# Whether the task's last work on the journal found it held by another process (`run`).
+_found_held: ContextVar[bool] = ContextVar("toolbus_journal_found_held", default=False)
+
+
+class _HeldElsewhere(JournalUnavailable):
+    """Another process held the journal for as long as this work could wait."""
 
 
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
@@ -143,18 +153,34 @@ class SqliteJournal:
 
     # --- running SQL off the event loop -----------------------------------------------
 
-    def run_sync(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work` with the connection, serialised with every other use of it."""
+    def run_sync(self, work: Callable[[sqlite3.Connection], T], deadline: float | None = None) -> T:
+        """Run `work` with the connection, serialised with every other use of it. Another
+        process's lock is waited for until `deadline` (`time.monotonic()`), else for the busy
+        timeout."""
         with self._lock:
             self._check_same_file()
+            shortened = deadline is not None and self._wait_until(deadline)
             try:
                 return work(self._conn)
             except sqlite3.DatabaseError as error:
+                if _is_contention(error):
+                    raise _HeldElsewhere(_explain_sqlite(self.path, error)) from error
                 raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
             finally:
+                if shortened:
+                    self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
                 if self._conn.total_changes != self._changes:
                     self._changes = self._conn.total_changes
                     self._checkpointer.nudge()
+
+    def _wait_until(self, deadline: float) -> bool:
+        """Shorten the busy timeout to what is left before `deadline`, if it has run down:
+        whether it was."""
+        left = deadline - time.monotonic()
+        if left > self.busy_timeout - _QUEUED_NOTICEABLY:
+            return False
+        self._conn.execute(f"PRAGMA busy_timeout = {max(0, int(left * 1000))}")
+        return True
 
     def _check_same_file(self) -> None:
         """Refuse to go on if the journal file was removed or replaced since it was opened: the
@@ -177,14 +203,25 @@ class SqliteJournal:
 
         Shielded: once handed over, the work completes and its outcome is awaited even if the
         caller is cancelled, so a commit is never left unobserved.
+
+        The busy timeout runs from the hand-over, not from the work's turn: while another
+        process holds the journal, the calls queued behind one waiting for it fail with it,
+        not one timeout after another. A task whose last work found the journal held tries its
+        next (the record of its failure) once, without waiting again.
         """
         import anyio
 
         if self._worker is None:
             self._worker = Worker()
-        future = self._worker.submit(self.run_sync, work)
+        deadline = time.monotonic() + (0.0 if _found_held.get() else self.busy_timeout)
+        future = self._worker.submit(lambda job: self.run_sync(job, deadline), work)
         with anyio.CancelScope(shield=True):
-            result = await future
+            try:
+                result = await future
+            except _HeldElsewhere:
+                _found_held.set(True)
+                raise
+        _found_held.set(False)
         return result
 
     transaction = staticmethod(transaction)
