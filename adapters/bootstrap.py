@@ -61,6 +61,7 @@ class TeamLogin(Protocol):
     location: str
     agent: str
     department: str | None
+    administers: bool
 
 
 def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity:
@@ -69,6 +70,13 @@ def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity
     gives the department, and a different `--agent` or `--department` is refused."""
     if isinstance(journal, SqliteJournal):
         return local_identity(settings)
+    if journal.department is None and journal.administers:
+        raise ValueError(
+            f"the role {journal.agent!r} administers the team journal at {journal.location}; it is no agent, "
+            "so no call can be recorded in its name: run this with an agent's login (its admin registers "
+            "one with `toolbus journal agent URL ROLE --department NAME`). This login reads every call "
+            "with `toolbus audit` and `toolbus history`"
+        )
     if journal.department is None:
         raise ValueError(
             f"the role {journal.agent!r} is not an agent of the team journal at {journal.location}: "

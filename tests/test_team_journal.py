@@ -235,6 +235,17 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
     recovered = cli("recover", str(saved_at), "--journal", team.url("alice"))
     assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
+    # The admin reads every login's calls, but is no agent: what it would do is refused, unrecorded.
+    admins = cli("recover", str(saved_at), "--journal", team.admin_url)
+    assert admins.returncode == 0 and admins.stdout == "before\n", admins.stderr
+    assert '"DocumentSaved"' in cli("history", "/src/a.py", "--journal", team.admin_url, "--json", "--all-hosts").stdout
+    refused = cli("serve", "--journal", team.admin_url)
+    assert refused.returncode == 2 and "administers the team journal" in refused.stderr, refused.stderr
+    assert "run this with an agent's login" in refused.stderr, refused.stderr
+    checked = cli("doctor", "--journal", team.admin_url)
+    assert checked.returncode == 1 and "✗ identity: the role" in checked.stdout, checked.stdout
+    assert "administers the team journal" in checked.stdout
+    assert admin_rows(team, "SELECT count(*) FROM commands") == [(3,)]
     # Bob copies the same journal: alice's copy brought it; he sees none of it, and adds nothing.
     by_bob = cli("journal", "copy", str(local), team.url("bob"))
     assert by_bob.returncode == 0 and "copied 0 commands" in by_bob.stdout, by_bob.stderr

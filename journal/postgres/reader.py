@@ -45,7 +45,7 @@ class PostgresReader:
         self._conn: Connection = connect(url)
         self._conn.read_only = True
         self.location = shown(url)
-        self.agent, self.department = check_journal(self._conn, self.location)
+        self.agent, self.department, self.administers = check_journal(self._conn, self.location)
 
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
         sql, params = _command_sql(query)

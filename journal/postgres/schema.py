@@ -99,6 +99,11 @@ _TABLES = (
 # Whether role `r` is one row-level security does not bind on the table `c`: a superuser, a role
 # that bypasses it, or the owner, or a role with the owner's privileges (PostgreSQL's test).
 _UNBOUND = "(r.rolsuper OR r.rolbypassrls OR pg_has_role(r.oid, c.relowner, 'USAGE'))"
+# Whether the session's login is one the journal's policies do not bind: its admin.
+LOGIN_ADMINISTERS = (
+    f"(SELECT {_UNBOUND} FROM pg_roles AS r, pg_class AS c"
+    f" WHERE r.rolname = session_user AND c.oid = '{SCHEMA}.commands'::regclass)"
+)
 
 # Who may see an observation, judged inside a SECURITY DEFINER function (where current_user is
 # the owner) for the login: as the policies would, and everything for those they do not bind.

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -27,7 +27,7 @@ from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
 from toolbus.journal.location import ambiguous_login, shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
-from toolbus.journal.postgres.schema import SCHEMA, keeps_pending, schema_version
+from toolbus.journal.postgres.schema import LOGIN_ADMINISTERS, SCHEMA, keeps_pending, schema_version
 from toolbus.journal.rows import Outcome, command_row, event_ids, json_without_nul, storable_row, without_nul
 from toolbus.journal.worker import Worker
 
@@ -74,9 +74,9 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
         raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {reason}") from None
 
 
-def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
-    """Check that the database holds a toolbus journal this login may use; return the login's
-    role and the department the admin registered for it (None if none). Closes `conn` if not."""
+def check_journal(conn: Connection, location: str) -> Login:
+    """Check that the database holds a toolbus journal this login may use; return who the
+    login is. Closes `conn` if not."""
     try:
         version = schema_version(conn)
     except PermissionError:
@@ -91,9 +91,9 @@ def check_journal(conn: Connection, location: str) -> tuple[str, str | None]:
         raise JournalNotFound(
             f"no toolbus journal in {location}: the team's admin creates it with `toolbus journal init URL`"
         )
-    row = conn.execute("SELECT current_user, my_department()").fetchone()
+    row = conn.execute(f"SELECT current_user, my_department(), {LOGIN_ADMINISTERS}").fetchone()
     assert row is not None
-    return str(row[0]), row[1]
+    return Login(str(row[0]), row[1], bool(row[2]))
 
 
 def _readable(url: str) -> bool:
@@ -112,6 +112,16 @@ def _reason(error: psycopg.Error) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+class Login(NamedTuple):
+    """Who a login is on the team journal: its role, the department the team's admin
+    registered it in (None for a role that is no agent, such as the admin's), and whether it
+    administers the journal (owns it or bypasses its row-level security)."""
+
+    agent: str
+    department: str | None
+    administers: bool
+
+
 class AlreadyRecorded(JournalUnavailable):
     """A row with this key or event id exists, but this login may not see it: another agent's
     (or the admin's) copy of the same journal brought it first."""
@@ -120,9 +130,7 @@ class AlreadyRecorded(JournalUnavailable):
 class PostgresJournal:
     """`bus.JournalWriter` on a PostgreSQL database initialised by `toolbus journal init`.
 
-    `agent` and `department` are the login's identity: its role, and the department the
-    team's admin registered for it (None for a role that is not an agent, such as the admin's).
-    """
+    `agent`, `department` and `administers` are the login's identity (`Login`)."""
 
     def __init__(self, url: str, lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.url = url
@@ -135,7 +143,7 @@ class PostgresJournal:
         # would only queue behind it.
         self._unanswered: threading.Event | None = None
         self._conn: Connection | None = None
-        self.agent, self.department = check_journal(self._connection(), self.location)
+        self.agent, self.department, self.administers = check_journal(self._connection(), self.location)
         self._keeps_pending = keeps_pending(self._connection())
 
     # --- the connection and its thread ------------------------------------------------------
