@@ -482,3 +482,32 @@ def test_a_server_that_stops_answering_does_not_keep_toolbus_from_exiting(team: 
             assert server.close(timeout=30) == 0  # not killed: it ended by itself
         finally:
             os.kill(backend, signal.SIGCONT)
+
+
+async def test_a_running_server_follows_its_agent_removed_re_added_or_moved_by_the_admin(team: Team) -> None:
+    """The admin changes a running agent's registration: re-added, it goes on as before; no
+    agent any more, or moved to another department, each call says so and to restart."""
+
+    def admin(*args: str) -> None:
+        done = cli("journal", "agent", team.admin_url, *args)
+        assert done.returncode == 0, done.stderr
+
+    alice = team.roles["alice"]
+    async with toolbus(team.url("alice"), None) as client:
+        await save_note(client, "before", "project")
+        admin(alice, "--remove")
+        gone = await client.call_tool("save", {"title": "gone", "text": "x"})
+        assert gone.is_error and "any more: the team's admin removed it" in text_of(gone), text_of(gone)
+        admin(alice, "--department", "platform")
+        await save_note(client, "re-added", "project")
+        assert await titles(client, "added") == ["re-added"]
+        admin(alice, "--department", "sales")
+        for tool, arguments in (("save", {"title": "moved", "text": "x"}), ("search", {"query": "before"})):
+            moved = await client.call_tool(tool, arguments)
+            assert moved.is_error, text_of(moved)
+            assert "moved it from department 'platform' to 'sales'" in text_of(moved), text_of(moved)
+            assert "restart toolbus" in text_of(moved)
+    assert admin_rows(team, "SELECT title, department FROM observations ORDER BY id") == [
+        ("before", "platform"),
+        ("re-added", "platform"),
+    ]

@@ -155,8 +155,9 @@ class PostgresJournal:
 
     def run_sync(self, work: Callable[[Connection], T]) -> T:
         """Run `work` in this thread with the connection, serialised with every other use. A
-        connection found broken is opened again and `work` sent once more: every `work` here
-        is safe to repeat (its keys make a second commit find the first)."""
+        connection found broken, or refused in a way a change of this login's registration
+        explains, is opened again and `work` sent once more: every `work` here is safe to
+        repeat (its keys make a second commit find the first)."""
         with self._lock:
             for attempt in (1, 2):
                 conn = self._connection()
@@ -169,9 +170,40 @@ class PostgresJournal:
                     if attempt == 2:
                         raise self._unavailable(error) from error
                     log.warning("the team journal's connection broke (%s); connecting again", _reason(error))
+                except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege) as error:
+                    if attempt == 2:
+                        raise self._unavailable(error) from error
+                    self._check_registration()
                 except psycopg.Error as error:
                     raise self._unavailable(error) from error
             raise AssertionError("unreachable")
+
+    def _check_registration(self) -> None:
+        """Raise if the team's admin has made this login no agent, or moved it to another
+        department, since it connected: its calls could no longer be recorded as its own.
+        Otherwise the connection is a new one: an old one could have lost the journal's schema
+        from its search path when the admin removed the agent and added it again."""
+        if self._conn is not None:
+            self._conn.close()
+        try:
+            login = check_journal(self._connection(), self.location)
+        except JournalNotFound:
+            raise
+        except JournalUnavailable as error:
+            if "is not an agent" not in str(error):
+                raise
+            login = Login(self.agent, None, administers=False)
+        if login.department == self.department:
+            return
+        if login.department is None:
+            raise JournalUnavailable(
+                f"{self.agent!r} is no agent of the team journal at {self.location} any more: the team's "
+                "admin removed it since toolbus started, and nothing can be recorded in its name; ask the admin"
+            )
+        raise JournalUnavailable(
+            f"since toolbus started, the team's admin moved it from department {self.department!r} to "
+            f"{login.department!r}: restart toolbus to record calls as {login.department!r}"
+        )
 
     def _unavailable(self, error: psycopg.Error) -> JournalUnavailable:
         return JournalUnavailable(f"the team journal at {self.location} failed: {_reason(error)}")
