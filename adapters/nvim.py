@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import glob
 import hashlib
 import itertools
@@ -325,8 +326,14 @@ class _Session(asyncio.Protocol):
 
 
 def _tcp_address(address: str) -> tuple[str, int] | None:
+    """`(host, port)` for a `host:port` address; None for a socket path. OSError for a port no
+    TCP address has (the system would take it modulo 65536)."""
     host, _, port = address.rpartition(":")
-    return (host, int(port)) if host and port.isdigit() and "/" not in address else None
+    if not (host and port.isdigit() and "/" not in address):
+        return None
+    if not 0 < int(port) < 65536:
+        raise OSError(errno.EINVAL, f"port {port} is not a TCP port (1 to 65535)")
+    return host, int(port)
 
 
 def _error_text(error: Any) -> str:

@@ -90,3 +90,11 @@ async def test_no_neovim_at_the_address_is_unavailable(tmp_path: Path) -> None:
     editor = NvimEditor(lambda: NvimAddress(str(tmp_path / "nobody.sock"), "test"), 1.0)
     with anyio.fail_after(30), pytest.raises(EditorUnavailable, match="not reachable"):
         await editor.request("nvim_eval", "1")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999"])
+async def test_a_port_past_tcps_range_is_unavailable_never_another_port(port: str) -> None:
+    """The system would take 99999 modulo 65536, and connect to port 34463."""
+    editor = NvimEditor(lambda: NvimAddress(f"127.0.0.1:{port}", "test"), 1.0)
+    with anyio.fail_after(30), pytest.raises(EditorUnavailable, match=f"port {port} is not a TCP port"):
+        await editor.request("nvim_eval", "1")
