@@ -177,7 +177,8 @@ async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> st
     try:
         await context.write_ahead(kept, if_in_doubt=(FileWriteInDoubt(path=target.path, replaced_blob=replaced),))
     except JournalUnavailable as error:
-        raise JournalUnavailable(f"{error}. Nothing was written: {target.path} is unchanged") from error
+        # The journal's words say what it did; these, what the save did.
+        raise JournalUnavailable(f"{error}. {target.path} was not saved: it is unchanged") from error
     return replaced
 
 
