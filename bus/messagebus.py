@@ -256,8 +256,10 @@ def decode_command(command_type: type[C], arguments: object) -> C:
             "extra": {k: v for k, v in args.items() if k not in known or k == "extra"}
         }
     # JSON has one number type, and JSON Schema's "integer" is any number with no fraction: 10.0
-    # is 10. Only the schema's fields: the extra fields a save keeps are journaled as sent.
-    args = {name: value if name == "extra" else _integral_as_int(value) for name, value in args.items()}
+    # is 10. Only the fields that take one: a title of 5.0 is a float where a str belongs, and
+    # the extra fields a save keeps are journaled as sent.
+    if takes_int := _int_fields(command_type) & args.keys():
+        args |= {name: _integral_as_int(args[name]) for name in takes_int}
     try:
         return msgspec.convert(args, command_type)
     except msgspec.ValidationError as error:
@@ -272,11 +274,28 @@ def _defaulted(command_type: type[Command]) -> frozenset[str]:
     return frozenset(f.name for f in msgspec.structs.fields(command_type) if not f.required and f.name != "extra")
 
 
+@functools.cache
+def _int_fields(command_type: type[Command]) -> frozenset[str]:
+    """The fields of a command that take an int, or a list of ints (`ids`)."""
+    info = msgspec.inspect.type_info(command_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return frozenset(field.name for field in info.fields if _takes_int(field.type))
+
+
+def _takes_int(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return any(_takes_int(member) for member in kind.types)
+    if isinstance(kind, msgspec.inspect.ListType):
+        return _takes_int(kind.item_type)
+    return isinstance(kind, msgspec.inspect.IntType)
+
+
 def _integral_as_int(value: Any) -> Any:
-    """`value`, or the items of a list (`ids`), with a float that has no fraction (`10.0`) as an int."""
+    """`value`, or the items of a list (`ids`), with a float that has no fraction (`10.0`) as an
+    int. Not past 64 bits: no field takes one, and `1e308` would be quoted with 309 digits."""
     if isinstance(value, list):
-        return [int(item) if isinstance(item, float) and item.is_integer() else item for item in value]
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+        return [_integral_as_int(item) for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
 
 
 _JSON_TYPES: dict[type, str] = {str: "str", list: "array", bool: "bool", int: "int", float: "float"}

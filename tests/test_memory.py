@@ -451,8 +451,11 @@ async def test_null_means_the_default_and_a_whole_float_an_integer(journal_path:
         assert (page["total"], page["limit"], page["offset"]) == (1, 20, 0)
         page = await call(client, "search", query="t", limit=10.0, offset=0.0)
         assert (page["total"], page["limit"], page["offset"]) == (1, 10, 0)
-        refused = await client.call_tool("search", {"query": "t", "limit": 10.5})
-        assert refused.is_error and text_of(refused) == "Invalid arguments for search: limit: expected int, got float"
+        for limit in (10.5, 1e308):  # past 64 bits no whole float is an int: never quoted in 309 digits
+            refused = await client.call_tool("search", {"query": "t", "limit": limit})
+            assert text_of(refused) == "Invalid arguments for search: limit: expected int, got float"
+        refused = await client.call_tool("save", {"title": 5.0, "text": "x"})  # a number where text belongs
+        assert refused.is_error and text_of(refused) == "Invalid arguments for save: title: expected str, got float"
         assert (await call(client, "timeline", anchor=saved["id"], depth_before=None))["anchor"] == saved["id"]
         refused = await client.call_tool("save", {"title": None, "text": "x"})  # required: null is no title
         assert refused.is_error and text_of(refused) == "Invalid arguments for save: title: expected str, got null"
