@@ -6,13 +6,14 @@ local M = {}
 local api = vim.api
 
 -- A path as the file system resolves it: symlinks resolved in every part that exists, so a
--- file not created yet still gets its folder's real name (as os.path.realpath does).
+-- file not created yet still gets its folder's real name (as os.path.realpath does). A `$` is
+-- part of a name (`routes/$slug.tsx`), never an environment variable.
 local function normalise(name)
   local real = vim.uv.fs_realpath(name)
   if real then
     return real
   end
-  name = vim.fs.normalize(name)
+  name = vim.fs.normalize(name, { expand_env = false })
   local folder = vim.fs.dirname(name)
   if folder == name then
     return name

@@ -381,6 +381,21 @@ def test_a_new_file_is_created_on_accept(
     assert events[-1]["type"] == "DiffAccepted" and events[-1]["data"]["replaced_blob"] is None
 
 
+def test_a_new_file_named_with_a_dollar_is_created_under_that_name(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """`routes/$HOME.tsx` is a name, not an environment variable to expand."""
+    path = files / "routes" / "$HOME.tsx"
+    request = propose(server, path, "export {}\n", "dollar")
+    shown(nvim)
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "export {}\n"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["$HOME.tsx"]
+    assert path.read_text() == "export {}\n"
+    _, events = last_diff(journal, "dollar")
+    assert {event["data"]["path"] for event in events} == {str(path)}
+
+
 def test_refused_when_the_buffer_has_unsaved_changes(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
