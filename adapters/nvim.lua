@@ -302,8 +302,35 @@ function M.inspect_save(path)
   }
 end
 
+-- Whether every character of `text` survives a trip through `encoding` (nil: none it knows).
+local function holds(encoding, text)
+  local encoded = vim.iconv(text, 'utf-8', encoding)
+  if encoded == nil then
+    return nil
+  end
+  return vim.iconv(encoded, encoding, 'utf-8') == text
+end
+
+-- The first line of `buf` its 'fileencoding' cannot hold, or nil. :write would write it anyway,
+-- each such character replaced ("CONVERSION ERROR"), and leave the buffer modified.
+local function unwritable_line(buf)
+  local encoding = vim.bo[buf].fileencoding:lower()
+  if encoding == '' or encoding == 'utf-8' or encoding:find('^utf%-16') or encoding:find('^ucs%-4') then
+    return nil -- Unicode: every character has its bytes
+  end
+  local lines = api.nvim_buf_get_lines(buf, 0, -1, false)
+  if holds(encoding, table.concat(lines, '\n')) ~= false then
+    return nil
+  end
+  for number, line in ipairs(lines) do
+    if not holds(encoding, line) then
+      return number
+    end
+  end
+end
+
 -- A save, step two: write a buffer found by M.inspect_save, unless it or its file changed
--- since (the text kept would not be the text replaced).
+-- since (the text kept would not be the text replaced), or its encoding cannot hold its text.
 function M.write(buf, tick, disk)
   if not api.nvim_buf_is_valid(buf) or api.nvim_buf_get_changedtick(buf) ~= tick then
     return { status = 'changed' }
@@ -311,6 +338,11 @@ function M.write(buf, tick, disk)
   local name = api.nvim_buf_get_name(buf)
   if disk_identity(name) ~= disk then
     return { status = 'changed' }
+  end
+  local line = unwritable_line(buf)
+  if line then
+    local message = ("line %d holds a character 'fileencoding' %s cannot hold; :set fileencoding=utf-8 keeps it")
+    return { status = 'vim_error', message = message:format(line, vim.bo[buf].fileencoding) }
   end
   local written, err = pcall(api.nvim_buf_call, buf, function()
     vim.cmd('silent write')
@@ -1062,13 +1094,44 @@ function M.diff_stage(id, text)
   end
   local ok, err = pcall(function()
     vim.fn.mkdir(vim.fs.dirname(view.path), 'p')
+    local loaded, existed = buf == nil, {}
+    for _, other in ipairs(api.nvim_list_bufs()) do
+      existed[other] = true
+    end
     buf = buf or load(view.path)
+    local bo = vim.bo[buf]
+    local before = { lines = api.nvim_buf_get_lines(buf, 0, -1, false), eol = bo.eol, fixeol = bo.fixeol }
+    before.fileformat = bo.fileformat
     set_text(buf, text)
+    local tick = api.nvim_buf_get_changedtick(buf)
+    view.staged = { buf = buf, loaded = loaded, new = not existed[buf], before = before, tick = tick }
   end)
   if not ok then
     return { status = 'vim_error', message = err }
   end
   return { status = 'staged' }
+end
+
+-- An accepted text staged into its file's buffer, and left there unwritten (the write failed),
+-- is taken out again: the buffer as it was before, or unloaded (wiped if new) if the accept
+-- loaded it. A user who saved it meanwhile, or typed into it, keeps it.
+local function unstage(staged)
+  local buf = staged.buf
+  if not api.nvim_buf_is_valid(buf) or not vim.bo[buf].modified then
+    return
+  end
+  if api.nvim_buf_get_changedtick(buf) ~= staged.tick then
+    return
+  end
+  if staged.loaded then -- as it was: not loaded, or not there at all
+    api.nvim_buf_delete(buf, { unload = not staged.new, force = true })
+    return
+  end
+  local before = staged.before
+  api.nvim_buf_set_lines(buf, 0, -1, false, before.lines)
+  local bo = vim.bo[buf]
+  bo.eol, bo.fixeol, bo.fileformat = before.eol, before.fixeol, before.fileformat
+  bo.modified = false
 end
 
 -- Close a view: its autocmds first, so that closing it decides nothing.
@@ -1079,6 +1142,9 @@ function M.diff_close(id)
   end
   diffs[id] = nil
   pcall(api.nvim_del_augroup_by_name, NAME .. '_diff_' .. id)
+  if view.staged then
+    pcall(unstage, view.staged)
+  end
   for _, buf in ipairs({ view.proposal, view.shown }) do
     if api.nvim_buf_is_valid(buf) then
       api.nvim_buf_delete(buf, { force = true })

@@ -654,6 +654,25 @@ def refuse_inserts(journal_path: Path, table: str, when: str = "1") -> None:
         )
 
 
+async def test_a_save_of_text_the_files_encoding_cannot_hold_writes_nothing(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """Vim would write each such character replaced, and leave the buffer modified."""
+    path = files / "latin.txt"
+    path.write_bytes(b"caf\xe9\n")
+    nvim.edit(path)
+    nvim.set_lines(path, ["café", "a cup ☕"])
+    result = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert (result["saved"], result["message"]) == (
+        False,
+        "Failed to save: line 2 holds a character 'fileencoding' latin1 cannot hold; :set fileencoding=utf-8 keeps it",
+    )
+    assert path.read_bytes() == b"caf\xe9\n"
+    assert nvim.lines(path) == ["café", "a cup ☕"] and nvim.modified(path)
+    [refused] = journal.events("DocumentSaveRefused")
+    assert refused["data"]["reason"] == "vim_error" and "line 2" in refused["data"]["message"]
+
+
 async def test_a_save_whose_replaced_text_cannot_be_kept_writes_nothing(
     client: Client, nvim: NeovimProcess, files: Path, journal_path: Path, journal: JournalReader
 ) -> None:

@@ -315,6 +315,46 @@ def test_an_accepted_text_in_a_latin1_file_is_answered_as_text_and_written_in_la
     assert path.read_bytes() == b"caf\xe9!\n"
 
 
+def test_a_text_the_files_encoding_cannot_hold_is_refused_and_nothing_is_written(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """Vim would write it with each such character replaced, and call the buffer modified."""
+    path = files / "latin.txt"
+    path.write_bytes(b"caf\xe9\n")
+    request = propose(server, path, "café ☕\n", "no latin1 cup")
+    shown(nvim)
+    nvim.command("write")
+    result = server.wait_for(request)
+    assert result["isError"] and texts(result) == [
+        "Failed to save: line 1 holds a character 'fileencoding' latin1 cannot hold; :set fileencoding=utf-8 keeps it"
+    ]
+    assert path.read_bytes() == b"caf\xe9\n"
+    # The buffer the accept loaded for the file is gone again, and the accepted text is kept.
+    assert nvim.lua(f"return vim.fn.bufexists('{path}')") == 0
+    command, events = last_diff(journal, "no latin1 cup")
+    assert command["status"] == "failed" and events[-1]["type"] == "DiffAcceptFailed"
+    assert journal.blob(events[-1]["data"]["final_blob"]) == "café ☕\n".encode()
+
+
+def test_an_accept_whose_write_fails_leaves_the_buffer_as_it_was(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "a.py"
+    nvim.edit(path)
+    nvim.command("setlocal readonly")
+    request = propose(server, path, "x = 1\ny = 3\n", "read-only")
+    shown(nvim)
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["Failed to save: E45: 'readonly' option is set"]
+    assert path.read_text() == "x = 1\ny = 2\n"
+    assert nvim.lines(path) == ["x = 1", "y = 2"] and not nvim.modified(path)
+    # ...so the next proposal for the file is shown, not refused for unsaved changes.
+    request = propose(server, path, "x = 1\ny = 4\n", "again")
+    shown(nvim)
+    nvim.command("quit")
+    assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "again"]
+
+
 @pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-be"])
 def test_an_accepted_text_in_a_utf16_or_32_file_is_answered_as_text_and_keeps_its_byte_order(
     server: StdioServer, nvim: NeovimProcess, files: Path, codec: str
