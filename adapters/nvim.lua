@@ -1049,6 +1049,7 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
     chan = chan,
     path = resolved,
     disk = disk_identity(resolved),
+    disk_text = read_file(resolved),
     tab = api.nvim_get_current_tabpage(),
     proposal = proposal,
     shown = left,
@@ -1085,12 +1086,18 @@ function M.diff_stage(id, text)
   if not view then
     return { status = 'vim_error', message = 'the diff view is gone' }
   end
-  if disk_identity(view.path) ~= view.disk then
+  local touched = disk_identity(view.path) ~= view.disk
+  if touched and read_file(view.path) ~= view.disk_text then
     return { status = 'conflict', message = 'the file changed on disk since the diff opened' }
   end
   local buf = find_open(view.path)
   if buf and vim.bo[buf].modified then
     return { status = 'conflict', message = 'its buffer was changed in Neovim since the diff opened' }
+  end
+  if buf and touched then -- written again with the same bytes (a save): read again, so :write need not ask
+    pcall(api.nvim_buf_call, buf, function()
+      vim.cmd('silent edit!')
+    end)
   end
   local ok, err = pcall(function()
     vim.fn.mkdir(vim.fs.dirname(view.path), 'p')

@@ -6,6 +6,7 @@ connection, and the journal file read as any SQLite tool would.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -523,6 +524,23 @@ def test_a_file_changed_on_disk_since_the_diff_opened_is_a_conflict(
     command, events = last_diff(journal, "conflict")
     assert events[-1]["type"] == "DiffAcceptFailed" and journal.blob(events[-1]["data"]["final_blob"]) == b"proposal\n"
     assert command["status"] == "failed" and command["error"] == texts(result)[0]  # as the caller was told
+
+
+def test_a_file_written_again_with_the_same_bytes_is_no_conflict(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    """A save of the file (or a touch) while the user reads the proposal changes nothing in it."""
+    path = files / "a.py"
+    nvim.edit(path)
+    request = propose(server, path, "x = 1\ny = 3\n", "saved meanwhile")
+    shown(nvim)
+    saved = server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(path)}})
+    [save_result], _ = answers(server, saved)
+    assert "Document saved successfully" in texts(save_result)[0]
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    nvim.command("write")
+    assert texts(server.wait_for(request)) == ["FILE_SAVED", "x = 1\ny = 3\n"]
+    assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
 
 
 def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
