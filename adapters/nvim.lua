@@ -1033,6 +1033,7 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   shown = shown ~= vim.NIL and shown or ''
   local base = vim.fs.basename(path)
   local filetype = vim.filetype.match({ filename = path }) or ''
+  local origin = api.nvim_get_current_tabpage()
   local left, shown_format = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype)
   vim.bo[left].modifiable = false
   local proposal, proposed_format = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype)
@@ -1051,6 +1052,7 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
     disk = disk_identity(resolved),
     disk_text = read_file(resolved),
     tab = api.nvim_get_current_tabpage(),
+    origin = origin, -- the user's tab page, to go back to
     proposal = proposal,
     shown = left,
   }
@@ -1152,10 +1154,14 @@ function M.diff_close(id)
   if view.staged then
     pcall(unstage, view.staged)
   end
+  local in_view = api.nvim_get_current_tabpage() == view.tab
   for _, buf in ipairs({ view.proposal, view.shown }) do
     if api.nvim_buf_is_valid(buf) then
       api.nvim_buf_delete(buf, { force = true })
     end
+  end
+  if in_view and api.nvim_tabpage_is_valid(view.origin) then -- not the tab page Vim picks next
+    pcall(api.nvim_set_current_tabpage, view.origin)
   end
   return true
 end

@@ -408,6 +408,21 @@ def test_toolbus_accept_and_reject_commands_and_bdelete(server: StdioServer, nvi
     wait_until(lambda: tabs(nvim) == 1, "the view closed")
 
 
+def test_the_user_is_back_in_their_tab_page_once_the_view_closes(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    path = files / "a.py"
+    nvim.command("tabnew | tabnew | tabfirst")
+    for action, answer in (("write", "FILE_SAVED"), ("quit", "DIFF_REJECTED")):
+        request = propose(server, path, f"{action}\n", action)
+        shown(nvim)
+        assert nvim.lua("return vim.fn.tabpagenr()") == 2  # the view's, after the user's
+        nvim.command(action)
+        assert texts(server.wait_for(request))[0] == answer
+        wait_until(lambda: tabs(nvim) == 3, "the view closed")
+        assert nvim.lua("return vim.fn.tabpagenr()") == 1
+
+
 def test_a_new_file_is_created_on_accept(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
