@@ -153,8 +153,13 @@ def _close_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
 
 
 def _close_skipped(data: dict[str, Any], blobs: dict[str, int]) -> str:
-    if data.get("reason") == "ambiguous":
+    reason = data.get("reason")
+    if reason == "ambiguous":
         return f"closed nothing: {len(data.get('candidates', []))} buffers match"
+    if reason == "busy":
+        return "closed nothing: its buffer kept changing"
+    if reason == "diff_closed":
+        return "closed nothing: the name is a diff view's, closed already"
     return "closed nothing: no buffer matches"
 
 

@@ -95,10 +95,12 @@ class TabCloseInDoubt(FileEvent, frozen=True, kw_only=True, tag="TabCloseInDoubt
 
 
 class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
-    """close_tab closed nothing: no buffer matched, or several did."""
+    """close_tab closed nothing: no buffer matched, or several did, or the name was a diff view's."""
 
     tab_name: str
-    reason: Literal["not_found", "ambiguous", "busy"]  # busy: it kept changing while being closed
+    # busy: it kept changing while being closed; diff_closed: the name is a diff view's (closed
+    # already), never a file buffer's, as agents close their diffs by name when done.
+    reason: Literal["not_found", "ambiguous", "busy", "diff_closed"]
     candidates: list[str] = []
 
     @property

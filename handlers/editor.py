@@ -224,7 +224,10 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     # whose name happens to end the same way: agents close their diffs by name when done.
     if editor.diff_waiting(command.tab_name):
         await context.write_ahead()  # rejecting a waiting diff is a decision, made in the editor
-    if await editor.close_diffs(command.tab_name, "close_tab") or editor.diff_tab_known(command.tab_name):
+    if await editor.close_diffs(command.tab_name, "close_tab"):
+        return TAB_CLOSED
+    if editor.diff_tab_known(command.tab_name):
+        await context.commit(TabCloseSkipped(tab_name=command.tab_name, reason="diff_closed"))
         return TAB_CLOSED
     expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed
     exact = expanded if os.path.isabs(expanded) else None

@@ -506,6 +506,13 @@ def test_close_tab_with_the_diffs_name_rejects_it(
     assert str(path) in nvim.buffer_names() and tabs(nvim) == 1
     _, events = last_diff(journal, "a.py")
     assert events[-1]["data"]["by"] == "close_tab"
+    # Its view gone, the name still closes no file buffer, and the journal says why.
+    assert texts(server.call_tool("close_tab", {"tab_name": "a.py"})) == ["TAB_CLOSED"]
+    assert str(path) in nvim.buffer_names()
+    [skipped] = journal.events("TabCloseSkipped")
+    assert (skipped["data"]["tab_name"], skipped["data"]["reason"]) == ("a.py", "diff_closed")
+    audit = toolbus_cli(journal, "audit", "--tool", "close_tab", "--limit", "1")
+    assert "closed nothing: the name is a diff view's, closed already" in audit
 
 
 def test_an_accepted_proposal_never_lands_in_a_plugins_buffer_named_like_the_file(
