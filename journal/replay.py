@@ -5,6 +5,7 @@ Backend-neutral: everything is read through the `JournalReader` port.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -73,8 +74,9 @@ def check_path_map(pairs: Sequence[str], steps: Sequence[EditorStep]) -> None:
 
 def map_path(path: str, mapping: PathMap) -> str:
     for old, new in mapping:
-        if path == old or path.startswith(old.rstrip("/") + "/"):
-            return new + path[len(old) :]
+        folder = old.rstrip("/")  # "" for the root
+        if path == old or path.startswith(folder + "/"):
+            return new.rstrip("/") + path[len(folder) :] or "/"
     return path
 
 
@@ -87,11 +89,14 @@ def editor_steps(
 ) -> Iterator[EditorStep]:
     """Saves, restores and closes between positions `start` and `end` (inclusive), in order; with
     `host`, only that machine's (and those recorded before machines were)."""
+    stories: dict[str, _Story] = {}  # each file's read once: a replay is linear in its steps
+    blobs = _KnownBlobs(reader)
     for event in reader.events(_EDITOR_TYPES, start or 0, end):
         recorded = str(event.data["path"])
-        # The file's events on that machine, newest first: the same path elsewhere is another file.
-        story = [entry.event for entry in reader.history(recorded, host=host)]
-        if host is not None and all(other.position != event.position for other in story):
+        if (story := stories.get(recorded)) is None:
+            # The file's events on that machine: the same path elsewhere is another file.
+            story = stories[recorded] = _Story([entry.event for entry in reader.history(recorded, host=host)])
+        if host is not None and event.position not in story.positions:
             continue
         path = map_path(recorded, mapping or [])
         if event.type == "TabClosed":
@@ -111,21 +116,49 @@ def editor_steps(
             source=event.type,
             blob=written,
             content=content,
-            known=_known_texts(reader, event, story),
+            known=_known_texts(event, story, blobs),
         )
 
 
-def _known_texts(reader: JournalReader, event: StoredEvent, story: list[StoredEvent]) -> tuple[str, ...]:
+class _Story:
+    """One file's events (its `history`, newest first), indexed for each of its steps."""
+
+    def __init__(self, events: list[StoredEvent]) -> None:
+        self.positions = {event.position for event in events}
+        self._writes: dict[str, list[StoredEvent]] = {}  # by stream, oldest first
+        for event in reversed(events):
+            if event.type in _WRITE_TYPES:
+                self._writes.setdefault(event.stream, []).append(event)
+
+    def writes(self, stream: str, before: int) -> tuple[StoredEvent | None, StoredEvent | None]:
+        """The last write to `stream` before position `before`, and the last write of all."""
+        writes = self._writes.get(stream, [])
+        earlier = bisect.bisect_left(writes, before, key=lambda event: event.position)
+        return (writes[earlier - 1] if earlier else None), (writes[-1] if writes else None)
+
+
+class _KnownBlobs:
+    """Whether the journal holds a text, asked once per text."""
+
+    def __init__(self, reader: JournalReader) -> None:
+        self._reader = reader
+        self._held: dict[str, bool] = {}
+
+    def __contains__(self, digest: str) -> bool:
+        if (held := self._held.get(digest)) is None:
+            held = self._held[digest] = self._reader.blob(digest) is not None
+        return held
+
+
+def _known_texts(event: StoredEvent, story: _Story, blobs: _KnownBlobs) -> tuple[str, ...]:
     """What the save replaced, and what the last write before it and the last write of all
     wrote to its file (of its `story`): the texts a file may hold without losing anything when
     overwritten."""
-    stream = file_stream(str(event.data["path"]))
-    writes = [other for other in story if other.type in _WRITE_TYPES and other.stream == stream]  # newest first
-    before = next((e for e in writes if e.position < event.position), None)
+    before, last = story.writes(file_stream(str(event.data["path"])), event.position)
     candidates = (
         event.data.get("replaced_blob"),
         before.data.get("written_blob") if before else None,
-        writes[0].data.get("written_blob") if writes else None,
+        last.data.get("written_blob") if last else None,
     )
     written = event.data["written_blob"]
-    return tuple(sorted({d for d in candidates if isinstance(d, str) and d != written and reader.blob(d) is not None}))
+    return tuple(sorted({d for d in candidates if isinstance(d, str) and d != written and d in blobs}))

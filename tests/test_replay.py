@@ -3,11 +3,13 @@ restores and closes re-applied to a second Neovim."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import socket
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,11 @@ import anyio
 import pytest
 
 from tests.conftest import NeovimProcess, json_of, toolbus
+from tests.journal_contract import record, saved
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from toolbus.bus import HistoryEntry, JournalReader, blob_hash
+from toolbus.journal import editor_steps, map_path, parse_path_map
+from toolbus.journal.sqlite import SqliteJournal, SqliteReader
 from toolbus.journal.sqlite.memory import reset_memory_tables
 
 pytestmark = pytest.mark.anyio
@@ -489,3 +495,62 @@ def test_replay_editor_never_wipes_a_buffer_with_unsaved_changes(
         "save or close it, then replay again\n"
     )
     assert second_nvim.lines(b) == ["my unsaved work"]
+
+
+class CountingReader:
+    """A journal reader that counts the histories and texts it is asked for."""
+
+    def __init__(self, reader: JournalReader) -> None:
+        self._reader = reader
+        self.asked: Counter[str] = Counter()
+
+    def history(self, path: str, limit: int | None = None, host: str | None = None) -> list[HistoryEntry]:
+        self.asked["history"] += 1
+        return self._reader.history(path, limit, host)
+
+    def blob(self, digest: str) -> bytes | None:
+        self.asked[digest] += 1
+        return self._reader.blob(digest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+
+def test_a_replay_reads_each_files_history_once_however_many_steps_it_has(tmp_path: Path) -> None:
+    """A replay of a file saved thousands of times took the square of that: its whole history
+    was read again for each step."""
+    path = tmp_path / "journal.db"
+    writer = SqliteJournal(path)
+    texts = [f"version {i}\n".encode() for i in range(21)]
+
+    async def save_twenty_times() -> None:
+        for old, new in itertools.pairwise(texts):
+            for file in ("/src/a.py", "/src/b.py"):
+                event, blobs = saved(file, old, new)
+                await writer.finish(record("saveDocument"), None, "ok", events=[event], blobs=blobs)
+
+    anyio.run(save_twenty_times)
+    writer.close()
+    reader = CountingReader(SqliteReader(path))
+    steps = [step for step in editor_steps(reader) if step.path == "/src/a.py"]
+    assert [step.blob for step in steps] == [blob_hash(text) for text in texts[1:]]
+    # The texts it may overwrite: what it replaced (the last write before it) and the last of all.
+    assert steps[4].known == tuple(sorted({blob_hash(texts[4]), blob_hash(texts[20])}))
+    assert steps[19].known == (blob_hash(texts[19]),)
+    assert reader.asked["history"] == 2  # one per file
+    # Each step's text read once, and whether the journal holds a text asked once per text.
+    assert reader.asked.total() - reader.asked["history"] <= 40 + len(texts)
+
+
+@pytest.mark.parametrize(
+    ("pair", "recorded", "replayed"),
+    [
+        ("/=/tmp/dest", "/src/a.py", "/tmp/dest/src/a.py"),
+        ("//=/tmp/dest/", "/src/a.py", "/tmp/dest/src/a.py"),
+        ("/src=/", "/src/lib/a.py", "/lib/a.py"),
+        ("/src/=/tmp/dest", "/src", "/tmp/dest"),
+        ("/src=/tmp/dest", "/srcs/a.py", "/srcs/a.py"),  # a folder is a whole name
+    ],
+)
+def test_map_moves_a_path_under_its_folder_root_included(pair: str, recorded: str, replayed: str) -> None:
+    assert map_path(recorded, parse_path_map([pair])) == replayed
