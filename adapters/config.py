@@ -69,6 +69,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, nvim_help: str = NVI
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
+    if getattr(args, "journal", None) == "":  # `--journal "$UNSET"`: never the default journal instead
+        raise ValueError("--journal: expected a journal file or a postgresql:// URL, got an empty one")
     journal = getattr(args, "journal", None) or env.get("TOOLBUS_JOURNAL")
     return Settings(
         journal=journal_location(journal, env),
@@ -98,18 +100,22 @@ def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
     return Path(given).expanduser()
 
 
+LONGEST_TIMEOUT = 86_400
+
+
 def _first(*values: float | str | None) -> float | str:
     """The first value that was given at all (0 counts: it is refused, not replaced)."""
     return next(value for value in values if value is not None and value != "")
 
 
 def _positive(value: float | str, option: str = "--nvim-timeout") -> float:
+    """A timeout in seconds: more than none, and a day at most (`inf` would wait forever)."""
     try:
         number = float(value)
     except ValueError:
         number = 0.0
-    if not number > 0:
-        raise ValueError(f"{option}: expected a positive number of seconds, got {value}")
+    if not 0 < number <= LONGEST_TIMEOUT:
+        raise ValueError(f"{option}: expected a positive number of seconds up to {LONGEST_TIMEOUT}, got {value}")
     return number
 
 

@@ -60,5 +60,7 @@ def iso_time(ns: int) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _iso_seconds(seconds: int) -> str:
-    # Calls within one second share this part: formatting it is most of iso_time's cost.
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    # Calls within one second share this part: formatting it is most of iso_time's cost. The
+    # year always in four digits (strftime's %Y gives 999), so that texts sort as times.
+    at = time.gmtime(seconds)
+    return f"{at.tm_year:04d}-{at.tm_mon:02d}-{at.tm_mday:02d}T{at.tm_hour:02d}:{at.tm_min:02d}:{at.tm_sec:02d}"

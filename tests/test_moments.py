@@ -33,3 +33,12 @@ def test_a_time_ago_is_only_for_people_at_the_command_line() -> None:
     assert parse_time("--since", "90min", now) == "2026-05-01T10:30:00.000000Z"
     with pytest.raises(InvalidArguments):
         date_ms("search", "dateStart", "90min", end_of_day=False)
+
+
+def test_a_year_before_1000_is_written_in_four_digits_so_times_sort_as_text() -> None:
+    """`--until 0999-12-31` compared as text with 2026's journal times: `999-…` sorted after."""
+    from toolbus.bus.moments import epoch_ns, iso_time
+
+    early = iso_time(epoch_ns(datetime(999, 12, 31, tzinfo=UTC)))
+    assert early == "0999-12-31T00:00:00.000000Z"
+    assert early < iso_time(epoch_ns(datetime(2026, 11, 24, tzinfo=UTC)))
