@@ -74,6 +74,10 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
         raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {reason}") from None
 
 
+class NotAnAgent(JournalUnavailable):
+    """The login may not use the team journal: its admin has not registered it as an agent."""
+
+
 def check_journal(conn: Connection, location: str) -> Login:
     """Check that the database holds a toolbus journal this login may use; return who the
     login is. Closes `conn` if not."""
@@ -82,7 +86,7 @@ def check_journal(conn: Connection, location: str) -> Login:
     except PermissionError:
         role = conn.execute("SELECT current_user").fetchone()
         conn.close()
-        raise JournalUnavailable(
+        raise NotAnAgent(
             f"the role {role[0] if role else '?'!r} is not an agent of the team journal at {location}: its admin "
             f"registers it with `toolbus journal agent URL ROLE --department NAME`"
         ) from None
@@ -187,11 +191,7 @@ class PostgresJournal:
             self._conn.close()
         try:
             login = check_journal(self._connection(), self.location)
-        except JournalNotFound:
-            raise
-        except JournalUnavailable as error:
-            if "is not an agent" not in str(error):
-                raise
+        except NotAnAgent:
             login = Login(self.agent, None, administers=False)
         if login.department == self.department:
             return
