@@ -5,6 +5,7 @@ stops under a running toolbus."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ import pytest
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import HERE, begin_and_die, observation, record, saved
 from tests.postgres_server import Team, with_database
-from toolbus.bus import Caller, FileWriteInDoubt
+from toolbus.bus import Caller, FileReplayed, FileRestored, FileWriteInDoubt
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.sqlite import SqliteJournal
 
@@ -275,6 +276,42 @@ def test_copy_keeps_an_empty_text_a_save_replaced(team: Team, tmp_path: Path) ->
     [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
     recovered = cli("recover", str(saved_at), "--journal", team.url("alice"))
     assert (recovered.returncode, recovered.stdout) == (0, ""), recovered.stderr
+
+
+def test_copy_names_each_event_by_its_position_in_the_team_journal(team: Team, tmp_path: Path) -> None:
+    """A restore and a replayed step name the event they come from by its position, which is
+    the local journal's own: the copy names it by its place in the team journal."""
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default", host="laptop")
+    save, blobs = saved("/src/a.py", b"before\n", b"after\n")
+    restore = FileRestored(path="/src/a.py", from_position=1, written_blob=save.replaced_blob or "", replaced_blob=None)
+    replayed = FileReplayed(path="/src/a.py", from_position=1, action="write", written_blob=save.written_blob)
+    recover = {"path": "/src/a.py", "blob": restore.written_blob, "event": 1}
+
+    async def work() -> None:
+        await writer.finish(record("saveDocument", caller=me), None, "ok", events=[save], blobs=blobs)
+        await writer.finish(record("recover", recover, caller=me), None, "ok", events=[restore])
+        await writer.finish(record("replay_write", {**recover, "known": []}, caller=me), None, "ok", events=[replayed])
+
+    anyio.run(work)
+    writer.close()
+    # The team journal's positions run ahead of the laptop's: alice's first copy of another journal.
+    other = tmp_path / "other.db"
+    earlier = SqliteJournal(other)
+    anyio.run(lambda: earlier.finish(record("save", caller=me), None, "ok", events=[observation("n", "t")]))
+    earlier.close()
+    assert cli("journal", "copy", str(other), team.url("alice")).returncode == 0
+    copied = cli("journal", "copy", str(local), team.url("alice"))
+    assert copied.returncode == 0, copied.stderr
+    [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
+    assert saved_at != 1
+    named_events = "SELECT type, data::jsonb->>'from_position' FROM events WHERE type LIKE 'FileRe%%' ORDER BY 1 DESC"
+    assert admin_rows(team, named_events) == [("FileRestored", str(saved_at)), ("FileReplayed", str(saved_at))]
+    named_by_calls = "SELECT tool, arguments::jsonb->>'event' FROM commands WHERE tool LIKE 're%%' ORDER BY id"
+    assert admin_rows(team, named_by_calls) == [("recover", str(saved_at)), ("replay_write", str(saved_at))]
+    # the process that ran each command is the laptop's, not the copy's
+    assert admin_rows(team, "SELECT DISTINCT pid FROM commands") == [(os.getpid(),)]
 
 
 @pytest.mark.heavy

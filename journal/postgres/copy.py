@@ -4,6 +4,8 @@ Every command that left events is copied with its events (under their own event 
 texts they name. The command's key is derived from its first event's id, so a second copy
 finds every row already there and adds nothing. A registered agent copies in its own name
 (row-level security allows no other); the admin's copy keeps each command's recorded caller.
+A position is a journal's own: a command or event that names another event by its position
+(a restore, a replayed step) names it by its place in the team journal once copied.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ from toolbus.bus import (
     Caller,
     CommandRecord,
     Event,
+    FileReplayed,
+    FileRestored,
     JournalReader,
     ObservationSaved,
+    ReplayClose,
+    ReplayWrite,
+    RestoreFile,
     Status,
     decode_event,
 )
@@ -33,6 +40,9 @@ from toolbus.journal.rows import Outcome
 
 _BATCH = 500  # commands per transaction
 _COPY_KEYS = uuid.UUID("5b1f6c2e-7d0a-4c59-9a55-3f1f0b6a1c00")  # namespace of copied commands' keys
+# Commands whose `event` argument, and events whose `from_position`, is another event's position.
+_NAMING_AN_EVENT = frozenset(command.tool for command in (RestoreFile, ReplayWrite, ReplayClose))
+_FromEvent = FileRestored | FileReplayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +59,11 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     entries = [entry for entry in source.audit(AuditQuery(limit=None)) if entry.events]
     entries.reverse()
     as_login = None if target.department is None else Caller(agent=target.agent, department=target.department)
+    event_ids = {stored.position: stored.event_id for entry in entries for stored in entry.events}
     commands = events = observations = already = made_private = 0
     pending = iter(entries)
     while batch := list(islice(pending, _BATCH)):
-        prepared = [_prepared(source, entry, as_login) for entry in batch]
+        prepared = [_prepared(source, entry, as_login, event_ids) for entry in batch]
         results = target.run_sync(partial(_copy_batch, prepared=prepared))
         for entry, (fresh, outcome) in zip(batch, results, strict=True):
             if not fresh:
@@ -68,10 +79,19 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     return Copied(commands, events, observations, already, made_private)
 
 
-_Prepared = tuple[Outcome, uuid.UUID, list[str], int]
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    outcome: Outcome
+    key: uuid.UUID
+    event_ids: list[str]
+    finished_ns: int
+    pid: int | None
+    named: dict[int, str]  # the local positions its arguments and events name, and their events' ids
 
 
-def _prepared(source: JournalReader, entry: AuditEntry, as_login: Caller | None) -> _Prepared:
+def _prepared(
+    source: JournalReader, entry: AuditEntry, as_login: Caller | None, event_ids: dict[int, str]
+) -> _Prepared:
     caller = as_login or Caller(
         agent=entry.agent or "legacy",
         department=entry.department or "default",
@@ -98,7 +118,48 @@ def _prepared(source: JournalReader, entry: AuditEntry, as_login: Caller | None)
     status: Status = entry.status  # type: ignore[assignment]
     finished_ns = epoch_ns(parse_iso(entry.finished_at).at) if entry.finished_at else record.received_ns
     key = uuid.uuid5(_COPY_KEYS, entry.events[0].event_id)
-    return Outcome(record, status, entry.error, events, blobs), key, [e.event_id for e in entry.events], finished_ns
+    named: dict[int, str] = {}
+    for position in _named_positions(entry.tool, entry.arguments, events):
+        if (event_id := event_ids.get(position)) is None:
+            raise ValueError(f"the {entry.tool} command {entry.id} names event {position}, which the journal lacks")
+        named[position] = event_id
+    outcome = Outcome(record, status, entry.error, events, blobs)
+    return _Prepared(outcome, key, [e.event_id for e in entry.events], finished_ns, entry.pid, named)
+
+
+def _named_positions(tool: str, arguments: object, events: list[Event]) -> set[int]:
+    named = {event.from_position for event in events if isinstance(event, _FromEvent)}
+    if tool in _NAMING_AN_EVENT and isinstance(arguments, dict) and isinstance(arguments.get("event"), int):
+        named.add(arguments["event"])
+    return named
+
+
+def _renumbered(conn: Connection, prepared: _Prepared) -> Outcome:
+    """The outcome with each position it names made the team journal's: the position of the
+    event with the same id, copied before it (by this copy, or an earlier one of this login)."""
+    outcome = prepared.outcome
+    if not prepared.named:
+        return outcome
+    here: dict[int, int] = {}
+    for position, event_id in prepared.named.items():
+        row = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
+        if row is None:
+            raise ValueError(
+                f"event {position} of the local journal, which its {outcome.record.tool} command names, is in the "
+                "team journal under another login: copy this journal with that login"
+            )
+        here[position] = int(row[0])
+    events = [
+        msgspec.structs.replace(event, from_position=here[event.from_position])
+        if isinstance(event, _FromEvent)
+        else event
+        for event in outcome.events
+    ]
+    arguments = outcome.record.arguments
+    if outcome.record.tool in _NAMING_AN_EVENT and isinstance(arguments, dict) and arguments.get("event") in here:
+        arguments = {**arguments, "event": here[arguments["event"]]}
+    record = msgspec.structs.replace(outcome.record, arguments=arguments)
+    return outcome._replace(record=record, events=events)
 
 
 def _event(type_name: str, data: dict[str, object]) -> Event:
@@ -125,14 +186,17 @@ def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[tuple[bool,
     this login's or another's)."""
     with conn.transaction():
         results: list[tuple[bool, Outcome]] = []
-        for outcome, key, ids, finished_ns in prepared:
-            exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (key,)).fetchone()
+        for command in prepared:
+            exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (command.key,)).fetchone()
             copied = exists is None
             if copied:
+                outcome = _renumbered(conn, command)
                 try:
                     with conn.transaction():  # a savepoint: a row only another login sees undoes this one alone
-                        insert_outcome(conn, outcome, None, key, ids, finished_ns)
+                        insert_outcome(
+                            conn, outcome, None, command.key, command.event_ids, command.finished_ns, pid=command.pid
+                        )
                 except AlreadyRecorded:
                     copied = False
-            results.append((copied, outcome))
+            results.append((copied, command.outcome))
     return results

@@ -384,12 +384,14 @@ def insert_outcome(
     finished_ns: int,
     *,
     keeps_pending: bool = False,
+    pid: int | None = None,
 ) -> list[int]:
     """The command's final row, its blobs, its events and their projections (in a transaction).
-    `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears."""
+    `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears.
+    `pid`: the process that ran it, if not this one (a copied command's)."""
     record, finished_at = outcome.record, iso_time(finished_ns)
     if command_id is None:
-        command_id = _insert_command(conn, key, record, outcome.status, outcome.error, finished_ns)
+        command_id = _insert_command(conn, key, record, outcome.status, outcome.error, finished_ns, pid=pid)
     else:
         conn.execute(
             _FINISH_CLEARING_PENDING if keeps_pending else _FINISH,
@@ -457,10 +459,11 @@ def _insert_command(
     pending: str | None = None,
     *,
     keeps_pending: bool = False,
+    pid: int | None = None,
 ) -> int:
     """A command's row; with its `pending` events if the journal `keeps_pending`."""
     finished_at = iso_time(finished_ns) if finished_ns is not None else None
-    row = (*command_row(record, status, error, os.getpid(), finished_ns, finished_at), pending)
+    row = (*command_row(record, status, error, pid or os.getpid(), finished_ns, finished_at), pending)
     sql, row = (_INSERT_BEGUN, row) if keeps_pending else (_INSERT_COMMAND, row[:-1])
     inserted = conn.execute(sql, (key, *storable_row(row))).fetchone()
     if inserted is None:  # sent before, by a commit whose answer was lost
