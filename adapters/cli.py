@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, this_host, version
 from toolbus.adapters.terminal import for_terminal
-from toolbus.bus import ToolbusError
+from toolbus.bus import ToolbusError, Unfinished
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from toolbus.journal.postgres import PostgresJournal
     from toolbus.journal.sqlite import SqliteJournal
 
+UNFINISHED = 1  # began to act, then failed: its output and the journal say what it did
 USAGE_ERROR = 2  # bad input: a clear one-line message, nothing created or changed
 
 Runner = Callable[[argparse.Namespace, Settings], int]
@@ -53,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
         return runner(args, settings)
     except (UsageError, ToolbusError, ValueError) as error:
         print(f"{command}: {for_terminal(str(error))}", file=sys.stderr)  # it may quote an agent's text
-        return USAGE_ERROR
+        return UNFINISHED if isinstance(error, Unfinished) else USAGE_ERROR
     except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
         return _reader_gone()
     except BaseExceptionGroup as group:  # the same from inside a task group (`toolbus demo | head`)

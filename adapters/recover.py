@@ -12,6 +12,7 @@ import anyio
 
 from toolbus.adapters.bootstrap import build_bus, identity, open_writer
 from toolbus.adapters.config import Settings, cli_caller
+from toolbus.bus import Fault, Unfinished
 from toolbus.handlers.restore import Restored
 from toolbus.journal import Recoverable
 
@@ -28,6 +29,8 @@ def apply_recovery(settings: Settings, found: Recoverable) -> int:
     }
     try:
         reply = anyio.run(bus.handle, "recover", arguments, cli_caller(identity(settings, journal), "toolbus recover"))
+    except Fault as error:  # it acted, or tried to: the message and the journal say what came of it
+        raise Unfinished(str(error)) from error
     finally:
         journal.close()
     assert isinstance(reply, Restored)

@@ -17,7 +17,7 @@ import anyio
 
 from toolbus.adapters.bootstrap import build_bus, identity, neovim_at, open_writer
 from toolbus.adapters.config import Settings, cli_caller
-from toolbus.bus import Bus, Caller, Fault, ToolbusError
+from toolbus.bus import Bus, Caller, Fault, ToolbusError, Unfinished
 from toolbus.handlers.replay import Replayed
 from toolbus.journal import EditorStep
 
@@ -25,7 +25,8 @@ Report = Callable[[str], None]
 
 
 def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorStep], report: Report) -> None:
-    """Apply each step in order, reporting each once done; raise a `Fault` at the first that fails."""
+    """Apply each step in order, reporting each once done; raise a `Fault` at the first that fails
+    (`Unfinished` once a step is done)."""
     editor = neovim_at(address, settings.nvim_timeout)
     journal = open_writer(settings, create=False)
     try:
@@ -44,7 +45,8 @@ async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], re
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             steps_done = f"{count} step{'s' if count != 1 else ''}"
             go_on = f" ({steps_done} before it done: --from {step.position} goes on from here)" if count else ""
-            raise Fault(f"replay stopped at @{step.position}: {message}{go_on}") from None
+            stopped = Unfinished if count else Fault  # the steps before it changed files
+            raise stopped(f"replay stopped at @{step.position}: {message}{go_on}") from None
         report(done)
 
 

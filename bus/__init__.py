@@ -37,6 +37,7 @@ from toolbus.bus.errors import (
     NotFound,
     Refused,
     ToolbusError,
+    Unfinished,
 )
 from toolbus.bus.events import (
     EVENT_TYPES,
@@ -150,6 +151,7 @@ __all__ = [
     "Timeline",
     "ToolHints",
     "ToolbusError",
+    "Unfinished",
     "absolute_path",
     "blob_hash",
     "decode_command",

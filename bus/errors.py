@@ -20,6 +20,11 @@ class Fault(ToolbusError):
     """Something outside toolbus failed (Neovim, the disk). The server keeps serving."""
 
 
+class Unfinished(Fault):
+    """A command-line command failed after it began to act: some of what it set out to do may
+    be done, and its output and the journal say what."""
+
+
 class EditorUnavailable(Fault):
     """No Neovim could be reached."""
 

@@ -21,6 +21,7 @@ from tests.journal_contract import HERE, begin_and_die, observation, record, sav
 from tests.postgres_server import Team, with_database
 from toolbus.bus import Caller, FileReplayed, FileRestored, FileWriteInDoubt
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
+from toolbus.journal.postgres.copy import COMMANDS_PER_BATCH as copy_batch
 from toolbus.journal.sqlite import SqliteJournal
 
 pytestmark = pytest.mark.anyio
@@ -312,6 +313,26 @@ def test_copy_names_each_event_by_its_position_in_the_team_journal(team: Team, t
     assert admin_rows(team, named_by_calls) == [("recover", str(saved_at)), ("replay_write", str(saved_at))]
     # the process that ran each command is the laptop's, not the copy's
     assert admin_rows(team, "SELECT DISTINCT pid FROM commands") == [(os.getpid(),)]
+
+
+def test_a_copy_stopped_part_way_says_what_it_copied_and_exits_1(team: Team, tmp_path: Path) -> None:
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default", host="laptop")
+    lost = FileRestored(path="/src/a.py", from_position=9999, written_blob="0" * 64, replaced_blob=None)
+
+    async def work() -> None:
+        for number in range(copy_batch):
+            await writer.finish(record("save", caller=me), None, "ok", events=[observation(f"n{number}", "t")])
+        await writer.finish(record("recover", caller=me), None, "ok", events=[lost])  # names no event it holds
+
+    anyio.run(work)
+    writer.close()
+    stopped = cli("journal", "copy", str(local), team.url("alice"))
+    assert stopped.returncode == 1, stopped.stderr
+    assert "names event 9999, which the journal lacks" in stopped.stderr
+    assert f"({copy_batch} commands were copied before it, and stay: copy again" in stopped.stderr
+    assert admin_rows(team, "SELECT count(*) FROM observations") == [(copy_batch,)]
 
 
 @pytest.mark.heavy

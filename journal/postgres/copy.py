@@ -32,13 +32,15 @@ from toolbus.bus import (
     ReplayWrite,
     RestoreFile,
     Status,
+    ToolbusError,
+    Unfinished,
     decode_event,
 )
 from toolbus.bus.moments import epoch_ns, parse_iso
 from toolbus.journal.postgres.store import AlreadyRecorded, Connection, PostgresJournal, insert_outcome
 from toolbus.journal.rows import Outcome
 
-_BATCH = 500  # commands per transaction
+COMMANDS_PER_BATCH = 500  # commands per transaction
 _COPY_KEYS = uuid.UUID("5b1f6c2e-7d0a-4c59-9a55-3f1f0b6a1c00")  # namespace of copied commands' keys
 # Commands whose `event` argument, and events whose `from_position`, is another event's position.
 _NAMING_AN_EVENT = frozenset(command.tool for command in (RestoreFile, ReplayWrite, ReplayClose))
@@ -62,9 +64,17 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     event_ids = {stored.position: stored.event_id for entry in entries for stored in entry.events}
     commands = events = observations = already = made_private = 0
     pending = iter(entries)
-    while batch := list(islice(pending, _BATCH)):
-        prepared = [_prepared(source, entry, as_login, event_ids) for entry in batch]
-        results = target.run_sync(partial(_copy_batch, prepared=prepared))
+    while batch := list(islice(pending, COMMANDS_PER_BATCH)):
+        try:
+            prepared = [_prepared(source, entry, as_login, event_ids) for entry in batch]
+            results = target.run_sync(partial(_copy_batch, prepared=prepared))
+        except (ToolbusError, ValueError) as error:
+            if not commands:
+                raise
+            raise Unfinished(
+                f"{error} ({commands} commands were copied before it, and stay: copy again to go on, "
+                "it copies nothing twice)"
+            ) from error
         for entry, (fresh, outcome) in zip(batch, results, strict=True):
             if not fresh:
                 already += 1
