@@ -66,12 +66,12 @@ def _check_journal(settings: Settings, lines: list[str]) -> bool:
     path = settings.journal
     if not path.exists():
         parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if parent is not None and os.access(parent, os.W_OK):
+        if parent is not None and parent.is_dir() and os.access(parent, os.W_OK):
             lines.append(f"✓ journal: {path} (will be created on first use)")
             return True
+        why = "is not writable" if parent is None or parent.is_dir() else "is a file, not a folder"
         lines.append(
-            f"✗ journal: {path} cannot be created ({parent} is not writable); choose another with "
-            "--journal or $TOOLBUS_JOURNAL"
+            f"✗ journal: {path} cannot be created ({parent} {why}); choose another with --journal or $TOOLBUS_JOURNAL"
         )
         return False
     try:

@@ -75,3 +75,12 @@ def test_doctor_never_turns_an_empty_file_into_a_journal(nvim: NeovimProcess, tm
     assert "✗ journal: not a toolbus journal" in result.stdout and "empty file" in result.stdout
     assert empty.read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.db", "nvim"]
+
+
+def test_doctor_says_a_journal_under_a_file_cannot_be_created(nvim: NeovimProcess, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("mine\n")
+    journal = tmp_path / "afile" / "state" / "journal.db"
+    result = doctor("--journal", str(journal), "--nvim", nvim.address)
+    assert result.returncode == 1, result.stdout
+    assert f"✗ journal: {journal} cannot be created ({tmp_path / 'afile'} is a file, not a folder)" in result.stdout
+    assert (tmp_path / "afile").read_text() == "mine\n"
