@@ -13,6 +13,8 @@ ISO_FORMS = "an ISO date (2025-01-31) or date-time (2025-01-31T09:30:00Z)"
 AGO_FORMS = "a time ago (30m, 2h, 7d)"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DAY_MS = 86_400_000
+# The date forms date.fromisoformat takes: 2025-01-31, 20250131, 2025-W05(-5), 2025W05(5).
+_DATE = re.compile(r"\d{4}(?:-\d{2}-\d{2}|\d{4}|-W\d{2}(?:-\d)?|W\d{2}\d?)", re.ASCII)
 
 _AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)")
 _UNIT_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -28,10 +30,9 @@ class Moment(NamedTuple):
 def parse_iso(text: str) -> Moment:
     """An ISO date or date-time, UTC unless it says otherwise. ValueError if it is neither."""
     text = text.strip()
-    try:
+    if _DATE.fullmatch(text):  # date.fromisoformat reads `2026112499` as 2026-11-24, ignoring `99`
         return Moment(datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC), whole_day=True)
-    except ValueError:
-        moment = datetime.fromisoformat(text)
+    moment = datetime.fromisoformat(text)
     return Moment(moment if moment.tzinfo else moment.replace(tzinfo=UTC), whole_day=False)
 
 

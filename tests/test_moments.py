@@ -11,7 +11,13 @@ from toolbus.bus import InvalidArguments
 from toolbus.bus.moments import epoch_ms
 from toolbus.handlers.memory import date_ms
 
-FORMS = ["2025-01-31", "2025-01-31T09:30:00Z", "2025-01-31T09:30", "2025-01-31T11:30:00.250+02:00"]
+FORMS = [
+    "2025-01-31",
+    "2025-W05-5",
+    "2025-01-31T09:30:00Z",
+    "2025-01-31T09:30",
+    "2025-01-31T11:30:00.250+02:00",
+]
 
 
 @pytest.mark.parametrize("text", FORMS)
@@ -20,7 +26,9 @@ def test_the_cli_and_the_memory_tools_read_a_time_alike(text: str) -> None:
     assert epoch_ms(journal_time) == date_ms("search", "dateStart", text, end_of_day=False)
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2025-13-01", "01/02/2025", ""])
+@pytest.mark.parametrize(
+    "text", ["yesterday", "2025-13-01", "01/02/2025", "", "20261124ab", "2026W48299", "２０２６-11-24"]
+)
 def test_neither_accepts_what_the_other_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="expected an ISO time"):
         parse_time("--since", text)
@@ -42,3 +50,11 @@ def test_a_year_before_1000_is_written_in_four_digits_so_times_sort_as_text() ->
     early = iso_time(epoch_ns(datetime(999, 12, 31, tzinfo=UTC)))
     assert early == "0999-12-31T00:00:00.000000Z"
     assert early < iso_time(epoch_ns(datetime(2026, 11, 24, tzinfo=UTC)))
+
+
+def test_a_compact_date_is_eight_digits_at_the_command_line() -> None:
+    """(Digits alone are epoch milliseconds to the memory tools.) `2026112499` was read as the
+    24th, the `99` ignored."""
+    assert parse_time("--since", "20261124") == "2026-11-24T00:00:00.000000Z"
+    with pytest.raises(ValueError, match="expected an ISO time"):
+        parse_time("--since", "2026112499")
