@@ -452,8 +452,10 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     from toolbus.adapters.replay_editor import replay_to_neovim
 
     assert settings.nvim is not None
-    replay_to_neovim(settings, settings.nvim, steps, lambda done: print(for_terminal(done), flush=True))
-    print(f"replayed {_steps(steps, settings)} to Neovim at {settings.nvim}")
+    idle = replay_to_neovim(settings, settings.nvim, steps, lambda done: print(for_terminal(done), flush=True))
+    closes = f"{idle} close{'s' if idle != 1 else ''}"
+    idle_closes = f"; {closes} found the file not open there: nothing to do" if idle else ""
+    print(f"replayed {_steps(steps, settings)} to Neovim at {settings.nvim}{idle_closes}")
     return 0
 
 

@@ -24,23 +24,25 @@ from toolbus.journal import EditorStep
 Report = Callable[[str], None]
 
 
-def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorStep], report: Report) -> None:
+def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorStep], report: Report) -> int:
     """Apply each step in order, reporting each once done; raise a `Fault` at the first that fails
     (`Unfinished` once a step is done)."""
     editor = neovim_at(address, settings.nvim_timeout)
     journal = open_writer(settings, create=False)
     try:
         bus = build_bus(settings, journal, editor, cli=True)
-        anyio.run(replay_steps, bus, cli_caller(identity(settings, journal), "toolbus replay"), steps, report)
+        return anyio.run(replay_steps, bus, cli_caller(identity(settings, journal), "toolbus replay"), steps, report)
     finally:
         editor.disconnect()
         journal.close()
 
 
-async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], report: Report) -> None:
+async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], report: Report) -> int:
+    """The number of steps there was nothing to do for."""
+    idle = 0
     for count, step in enumerate(steps):
         try:
-            done = await _apply(bus, caller, step)
+            done, acted = await _apply(bus, caller, step)
         except ToolbusError as error:
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             steps_done = f"{count} step{'s' if count != 1 else ''}"
@@ -48,15 +50,19 @@ async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], re
             stopped = Unfinished if count else Fault  # the steps before it changed files
             raise stopped(f"replay stopped at @{step.position}: {message}{go_on}") from None
         report(done)
+        idle += not acted
+    return idle
 
 
-async def _apply(bus: Bus, caller: Caller, step: EditorStep) -> str:
-    """What was done, in words; a `ToolbusError` when it could not be."""
+async def _apply(bus: Bus, caller: Caller, step: EditorStep) -> tuple[str, bool]:
+    """What was done, in words, and whether there was anything to do; a `ToolbusError` when it
+    could not be done."""
     if step.action == "close":
-        await bus.handle("replay_close", {"path": step.path, "event": step.position}, caller)
-        return step.describe()
+        closed = await bus.handle("replay_close", {"path": step.path, "event": step.position}, caller)
+        assert isinstance(closed, Replayed)
+        return step.describe() + ("" if closed.done else " (not open there: nothing to close)"), closed.done
     arguments = {"path": step.path, "blob": step.blob, "event": step.position, "known": list(step.known)}
     result = await bus.handle("replay_write", arguments, caller)
     assert isinstance(result, Replayed)
     kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
-    return step.describe() + kept
+    return step.describe() + kept, True

@@ -233,7 +233,14 @@ def test_replay_editor_reproduces_the_files_in_another_place(
         assert not second_nvim.modified(elsewhere / name)
     lines = run.out.splitlines()
     assert lines[0] == f"@1 save {elsewhere}/a.txt (recorded as {work}/a.txt): write 8 bytes"
-    assert lines[-1] == f"replayed {len(lines) - 1} steps to Neovim at {second_nvim.address}"
+    # b.txt's close came before any write of it there: that step had nothing to do
+    closed = session.position("TabClosed", "b.txt")
+    moved = f"(recorded as {work}/b.txt)"
+    assert f"@{closed} close {elsewhere}/b.txt {moved} (not open there: nothing to close)" in lines
+    assert lines[-1] == (
+        f"replayed {len(lines) - 1} steps to Neovim at {second_nvim.address}; "
+        "1 close found the file not open there: nothing to do"
+    )
 
 
 def test_replay_editor_restores_files_in_place(session: EditorSession, second_nvim: NeovimProcess) -> None:
@@ -290,6 +297,12 @@ def test_replay_editor_writes_exact_bytes_and_replays_closes(tmp_path: Path, sec
     ]
     again = cli("replay", "editor", "--dry-run", "--journal", journal)
     assert again.out.splitlines()[-1].startswith("3 steps")  # a replay is not replayed again
+    # The close again, with the file no longer open there: nothing to do, and it says so.
+    closed_again = cli("replay", "editor", "--nvim", second_nvim.address, "--from", "3", "--journal", journal)
+    assert closed_again.out.splitlines() == [
+        f"@3 close {os.path.realpath(plain)} (not open there: nothing to close)",
+        f"replayed 1 step to Neovim at {second_nvim.address}; 1 close found the file not open there: nothing to do",
+    ], closed_again.err
 
 
 def test_replay_editor_from_and_to(session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path) -> None:
