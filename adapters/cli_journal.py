@@ -290,9 +290,9 @@ def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
 
 def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     reference = parse_event_reference(args.event)
-    if args.force and not args.output:
+    if args.force and args.output is None:
         raise ValueError("--force goes only with -o FILE, whose existing file it lets recover overwrite")
-    output = _output_file(os.path.expanduser(args.output), args.force) if args.output else None
+    output = _output_file(os.path.expanduser(args.output), args.force) if args.output is not None else None
     with _reading(settings) as reader:
         found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
         machine = _machine_of(reader, found.event) if args.apply else None
@@ -335,8 +335,10 @@ def _machine_of(reader: JournalReader, event: StoredEvent) -> str | None:
 def _output_file(name: str, force: bool) -> Path:
     """`-o FILE`, checked before the journal is read: its directory exists, and it is not a
     directory, nor (without --force) a file that exists."""
+    if not name:
+        raise ValueError("-o: expected a file's name, got '' (leave -o out to print the text)")
     path = Path(name)
-    if path.is_dir():
+    if path.is_dir() or name.endswith(os.sep):  # `newdir/` names a folder, though Path drops the slash
         raise ValueError(f"-o: {name} is a directory: name a file")
     if not path.parent.is_dir():
         raise ValueError(f"-o: {path.parent} does not exist: create it first, or name a file elsewhere")

@@ -244,6 +244,19 @@ def test_recover_to_a_file(session: EditorSession, tmp_path: Path) -> None:
     assert home.code == 0 and (tmp_path / "h" / "recovered.txt").read_bytes() == b"alpha 1\n", home.err
 
 
+@pytest.mark.parametrize(
+    ("output", "said"),
+    [
+        ("", "-o: expected a file's name, got '' (leave -o out to print the text)"),  # printed it
+        ("newdir/", "-o: newdir/ is a directory: name a file"),  # wrote a file named newdir
+    ],
+)
+def test_recover_refuses_an_output_that_names_no_file(session: EditorSession, output: str, said: str) -> None:
+    run = cli("recover", "1", "-o", output, "--journal", session.journal, cwd=session.journal.parent)
+    assert (run.code, run.out, run.err) == (2, "", f"toolbus recover: {said}\n")
+    assert not (session.journal.parent / "newdir").exists()
+
+
 def test_recover_of_an_event_without_text_says_why(session: EditorSession) -> None:
     [refused] = session.reader.events("DocumentSaveRefused")
     run = cli("recover", str(refused["position"]), "--journal", session.journal)
