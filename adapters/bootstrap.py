@@ -82,6 +82,12 @@ def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity
             f"the role {journal.agent!r} is not an agent of the team journal at {journal.location}: "
             f"its admin registers it with `toolbus journal agent URL {journal.agent} --department NAME`"
         )
+    require_login_options(settings, journal)
+    return Identity(journal.agent, journal.department, from_login=True)
+
+
+def require_login_options(settings: Settings, journal: TeamLogin) -> None:
+    """Refuse an `--agent` or `--department` other than the team journal's login's."""
     for option, given, known, whose in (
         ("--agent", settings.agent, journal.agent, "the role this login connects as"),
         ("--department", settings.department, journal.department, "the department the admin registered for it"),
@@ -91,7 +97,6 @@ def identity(settings: Settings, journal: SqliteJournal | TeamLogin) -> Identity
                 f"{option} {given!r} does not match {whose} ({known!r}): on a team journal the agent is "
                 "the role you connect as, and its department is the admin's to set"
             )
-    return Identity(journal.agent, journal.department, from_login=True)
 
 
 def build_bus(

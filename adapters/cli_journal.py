@@ -88,6 +88,17 @@ def _reading(settings: Settings) -> Iterator[JournalReader]:
         reader.close()
 
 
+def _refuse_another_login(settings: Settings, reader: JournalReader) -> None:
+    """A print, check or dry run refuses the `--agent` or `--department` that the command
+    would, run for real on a team journal: they name a login other than this one."""
+    if isinstance(settings.journal, str):
+        from toolbus.adapters.bootstrap import require_login_options
+        from toolbus.journal.postgres import PostgresReader
+
+        assert isinstance(reader, PostgresReader)
+        require_login_options(settings, reader)
+
+
 def _json_lines(items: Iterable[msgspec.Struct]) -> int:
     count = 0
     for item in items:
@@ -279,7 +290,7 @@ def _add_recover(commands: argparse._SubParsersAction[Any]) -> None:
         "the proposal of a rejected diff (or write it with -o). "
         "With --apply, write it back to its file; the restore is journaled like any command.",
     )
-    add_settings_arguments(sub)
+    add_settings_arguments(sub, editor=False)  # --apply writes the file itself
     sub.add_argument("event", metavar="EVENT", help="the event: its position (12 or @12) or its event id")
     target = sub.add_mutually_exclusive_group()
     target.add_argument("-o", "--output", metavar="FILE", help="write the text to FILE instead of stdout")
@@ -294,6 +305,7 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--force goes only with -o FILE, whose existing file it lets recover overwrite")
     output = _output_file(os.path.expanduser(args.output), args.force) if args.output is not None else None
     with _reading(settings) as reader:
+        _refuse_another_login(settings, reader)
         found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
         machine = _machine_of(reader, found.event) if args.apply else None
     shown = for_terminal(found.path)  # a path an agent named: no control character reaches the terminal
@@ -372,7 +384,7 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
         help="rebuild the memory store from the journal's saved observations",
         description="Drop the memory store and rebuild it from every ObservationSaved event, in order.",
     )
-    add_settings_arguments(memory)
+    add_settings_arguments(memory, editor=False)
     memory.add_argument(
         "--check",
         action="store_true",
@@ -413,6 +425,7 @@ def _add_replay(commands: argparse._SubParsersAction[Any]) -> None:
 def run_replay_memory(args: argparse.Namespace, settings: Settings) -> int:
     if args.check:
         with _reading(settings) as reader:
+            _refuse_another_login(settings, reader)
             report = reader.check_memory()
         for line in report.differences:
             print(for_terminal(line))  # rows quote a note's fields
@@ -440,6 +453,7 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     if not args.dry_run and not settings.nvim:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
     with _reading(settings) as reader:
+        _refuse_another_login(settings, reader)
         steps = list(editor_steps(reader, start, end, path_map, host))
         elsewhere = 0 if steps or host is None else sum(1 for _ in editor_steps(reader, start, end, path_map))
     if elsewhere:

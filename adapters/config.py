@@ -36,24 +36,26 @@ JOURNAL_HELP = (
 NVIM_HELP = "Neovim socket path or host:port ($TOOLBUS_NVIM, then $NVIM, then a discovered running Neovim)"
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, nvim_help: str = NVIM_HELP) -> None:
-    """The flags every command that talks to the journal or Neovim shares."""
+def add_settings_arguments(parser: argparse.ArgumentParser, nvim_help: str = NVIM_HELP, *, editor: bool = True) -> None:
+    """The flags every command that talks to the journal or Neovim shares; without `editor`,
+    those of one that never talks to Neovim (an option that would change nothing is refused)."""
     parser.add_argument(
         "--journal",
         metavar="PATH|URL",
         help=JOURNAL_HELP,
     )
-    parser.add_argument(
-        "--nvim",
-        metavar="ADDRESS",
-        help=nvim_help,
-    )
-    parser.add_argument(
-        "--nvim-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="timeout for each Neovim request ($TOOLBUS_NVIM_TIMEOUT; default 5)",
-    )
+    if editor:
+        parser.add_argument(
+            "--nvim",
+            metavar="ADDRESS",
+            help=nvim_help,
+        )
+        parser.add_argument(
+            "--nvim-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="timeout for each Neovim request ($TOOLBUS_NVIM_TIMEOUT; default 5)",
+        )
     parser.add_argument(
         "--agent",
         help="this caller's agent name ($TOOLBUS_AGENT; default legacy; a team journal's is the login role)",

@@ -169,6 +169,15 @@ def test_history_takes_no_options_that_would_change_nothing(tmp_path: Path, opti
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["recover", "recover --apply", "replay memory", "replay memory --check"])
+@pytest.mark.parametrize("option", ["--nvim", "--nvim-timeout"])
+def test_commands_that_never_talk_to_neovim_take_no_neovim_options(tmp_path: Path, command: str, option: str) -> None:
+    """`recover --apply --nvim X` read as "and reload it in X" would do nothing of the kind."""
+    run = cli(*COMMANDS[command](tmp_path / "journal.db"), option, "5")
+    assert run.code == 2 and f"unrecognized arguments: {option}" in run.err
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- bad values, on a real (empty) journal ------------------------------------------------
 
 

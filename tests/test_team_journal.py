@@ -265,6 +265,21 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
         assert f"{steps} from this login's events to replay (dry run" in dry.stdout
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["replay", "memory", "--check"], ["replay", "editor", "--dry-run"], ["recover", "1"]],
+    ids=["replay memory --check", "replay editor --dry-run", "recover"],
+)
+@pytest.mark.parametrize("option", [("--agent", "bob"), ("--department", "sales")])
+def test_a_dry_run_refuses_another_logins_name_as_the_run_would(
+    team: Team, command: list[str], option: tuple[str, str]
+) -> None:
+    """They were accepted and ignored: the output was alice's, where bob's was asked for."""
+    run = cli(*command, *option, "--journal", team.url("alice"))
+    assert run.returncode == 2, run.stderr
+    assert f"{option[0]} '{option[1]}' does not match" in run.stderr, run.stderr
+
+
 def test_copy_keeps_an_empty_text_a_save_replaced(team: Team, tmp_path: Path) -> None:
     """A file that was empty on disk is a text like any other: recoverable after the copy."""
     local = tmp_path / "journal.db"
