@@ -26,6 +26,11 @@ def test_defaults_follow_the_xdg_state_directory() -> None:
     )
 
 
+@pytest.mark.parametrize("relative", ["state", "./state", "~/state"])
+def test_a_relative_xdg_state_directory_is_ignored(relative: str) -> None:
+    assert settings(XDG_STATE_HOME=relative).journal == Path.home() / ".local/state/toolbus/journal.db"
+
+
 def test_flags_win_over_the_environment() -> None:
     current = settings(
         "--journal",

@@ -63,10 +63,12 @@ class _HeldElsewhere(JournalUnavailable):
 
 
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
-    """`$XDG_STATE_HOME/toolbus/journal.db`, i.e. `~/.local/state/toolbus/journal.db`."""
-    state_home = (os.environ if env is None else env).get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
+    """`$XDG_STATE_HOME/toolbus/journal.db`, i.e. `~/.local/state/toolbus/journal.db`. A
+    relative `$XDG_STATE_HOME` is ignored, as the XDG spec says: it would put the journal
+    wherever the agent happened to start toolbus."""
+    state_home = (os.environ if env is None else env).get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state_home):
+        state_home = os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state_home) / "toolbus" / "journal.db"
 
 
