@@ -171,10 +171,15 @@ def find_event(reader: JournalReader, reference: int | str, typed: str, scope: s
         raise NoSuchEvent(f"no event {typed.strip()}{whose} in the journal") from None
 
 
-def _whose(settings: Settings) -> str:
+def _whose(settings: Settings, reader: JournalReader) -> str:
     """Whose events a reader of the journal shows, when not everyone's: a team journal shows
-    each agent only its own file events (row-level security)."""
-    return "this login's" if isinstance(settings.journal, str) else ""
+    each agent only its own file events (row-level security), and its admin every login's."""
+    if not isinstance(settings.journal, str):
+        return ""
+    from toolbus.journal.postgres import PostgresReader
+
+    assert isinstance(reader, PostgresReader)
+    return "" if reader.administers else "this login's"
 
 
 # --- audit -------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             _json_lines(reader.history(args.path, limit, host))
         else:
-            print_history(reader, args.path, limit, host, _whose(settings))
+            print_history(reader, args.path, limit, host, _whose(settings, reader))
     return 0
 
 
@@ -306,7 +311,7 @@ def run_recover(args: argparse.Namespace, settings: Settings) -> int:
     output = _output_file(os.path.expanduser(args.output), args.force) if args.output is not None else None
     with _reading(settings) as reader:
         _refuse_another_login(settings, reader)
-        found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings)))
+        found = recoverable(reader, find_event(reader, reference, args.event, _whose(settings, reader)))
         machine = _machine_of(reader, found.event) if args.apply else None
     shown = for_terminal(found.path)  # a path an agent named: no control character reaches the terminal
     where = f"event @{found.event.position}, {shown}"
@@ -450,10 +455,13 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     end = parse_position("--to", args.end) if args.end is not None else None
     path_map = parse_path_map(args.map)
     host = chosen_host(args, this_host())
+    if start is not None and end is not None and start > end:
+        raise ValueError(f"--from {start} is after --to {end}: no event could be replayed")
     if not args.dry_run and not settings.nvim:
         raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
     with _reading(settings) as reader:
         _refuse_another_login(settings, reader)
+        whose = _whose(settings, reader)
         steps = list(editor_steps(reader, start, end, path_map, host))
         elsewhere = 0 if steps or host is None else sum(1 for _ in editor_steps(reader, start, end, path_map))
     if elsewhere:
@@ -463,7 +471,7 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         for step in steps:
             print(f"would {for_terminal(step.describe())}")
-        print(f"{_steps(steps, settings)} to replay (dry run: nothing changed)")
+        print(f"{_steps(steps, whose)} to replay (dry run: nothing changed)")
         return 0
     from toolbus.adapters.replay_editor import replay_to_neovim
 
@@ -471,11 +479,10 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     idle = replay_to_neovim(settings, settings.nvim, steps, lambda done: print(for_terminal(done), flush=True))
     closes = f"{idle} close{'s' if idle != 1 else ''}"
     idle_closes = f"; {closes} found the file not open there: nothing to do" if idle else ""
-    print(f"replayed {_steps(steps, settings)} to Neovim at {settings.nvim}{idle_closes}")
+    print(f"replayed {_steps(steps, whose)} to Neovim at {settings.nvim}{idle_closes}")
     return 0
 
 
-def _steps(steps: list[EditorStep], settings: Settings) -> str:
+def _steps(steps: list[EditorStep], whose: str) -> str:
     """How many steps, and from whose events when not everyone's."""
-    whose = _whose(settings)
     return f"{len(steps)} step{'s' if len(steps) != 1 else ''}" + (f" from {whose} events" if whose else "")

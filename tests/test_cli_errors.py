@@ -178,6 +178,13 @@ def test_commands_that_never_talk_to_neovim_take_no_neovim_options(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_replay_from_after_its_end_is_refused(tmp_path: Path) -> None:
+    """It printed `0 steps`, as if the journal held none."""
+    run = cli("replay", "editor", "--dry-run", "--from", "8", "--to", "@1", "--journal", tmp_path / "journal.db")
+    assert_one_line_usage_error(run, "replay", "--from 8 is after --to 1: no event could be replayed")
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- bad values, on a real (empty) journal ------------------------------------------------
 
 

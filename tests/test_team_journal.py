@@ -241,6 +241,8 @@ def test_copy_brings_a_local_journal_once(team: Team, tmp_path: Path) -> None:
     admins = cli("recover", str(saved_at), "--journal", team.admin_url)
     assert admins.returncode == 0 and admins.stdout == "before\n", admins.stderr
     assert '"DocumentSaved"' in cli("history", "/src/a.py", "--journal", team.admin_url, "--json", "--all-hosts").stdout
+    none = cli("history", "/src/none.py", "--journal", team.admin_url, "--host", "laptop")  # every login's
+    assert none.returncode == 0 and "no saves or closes on laptop" in none.stderr, none.stderr
     refused = cli("serve", "--journal", team.admin_url)
     assert refused.returncode == 2 and "administers the team journal" in refused.stderr, refused.stderr
     assert "run this with an agent's login" in refused.stderr, refused.stderr
