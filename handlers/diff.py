@@ -84,8 +84,13 @@ async def _propose_and_wait(
             DiffRejected(path=view.path, tab_name=command.tab_name, proposed_blob=proposed, by=decision.by)
         )
         return TextItems((DIFF_REJECTED, command.tab_name))
-    context.on_cancel = "in_doubt"
-    return await _accept(command, context, view, decision, proposal)
+    # The user's decision is made: a cancellation from now on must not stop the write it asked
+    # for (the view closed under a running :write aborts it, and leaves the file in doubt). The
+    # call finishes it and journals what happened; the client, which cancelled, is not answered.
+    # Each request to Neovim has its timeout, so the shield cannot hold for ever.
+    with anyio.CancelScope(shield=True):
+        written = await _accept(command, context, view, decision, proposal)
+    return written
 
 
 async def _accept(

@@ -5,6 +5,7 @@ connection, and the journal file read as any SQLite tool would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -35,9 +36,10 @@ def nvim(root: Path) -> Iterator[NeovimProcess]:
     process.kill()
 
 
-def start_server(root: Path, nvim: NeovimProcess) -> StdioServer:
+def start_server(root: Path, nvim: NeovimProcess, nvim_timeout: float = 3) -> StdioServer:
     env = clean_env({"TOOLBUS_PROGRESS_INTERVAL": str(PROGRESS_INTERVAL)})
-    server = StdioServer(toolbus_argv(root / "journal.db", "--nvim-timeout", "3", nvim=nvim.address), env=env)
+    argv = toolbus_argv(root / "journal.db", "--nvim-timeout", f"{nvim_timeout:g}", nvim=nvim.address)
+    server = StdioServer(argv, env=env)
     server.initialize()
     return server
 
@@ -120,11 +122,11 @@ def events_of(journal: JournalReader, command_id: int) -> list[dict[str, Any]]:
 
 
 def last_diff(journal: JournalReader, tab: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The first openDiff command named `tab`, once finished, and its events."""
+    """The first openDiff command named `tab`, once finished (in doubt, too), and its events."""
 
     def finished() -> dict[str, Any] | None:
         named = [c for c in journal.commands("openDiff") if json.loads(c["arguments"])["tab_name"] == tab]
-        return named[0] if named and named[0]["status"] != "in_doubt" else None
+        return named[0] if named and named[0]["finished_at"] else None
 
     command = wait_until(finished, f"openDiff {tab} finished in the journal")
     return command, events_of(journal, command["id"])
@@ -578,6 +580,59 @@ def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
     assert path.read_text() == "x = 1\ny = 2\n"
     assert not server.call_tool("getOpenEditors", {}, deadline=5).get("isError")  # still serving
     journal.assert_gapless()
+
+
+# Writes of the file named by the argument wait in BufWritePre (as for a slow formatter) until
+# the test sets `release`; `writing` says one waits. An interrupt (<C-c>) ends a wait, not the hold.
+HOLD_WRITE = """
+local group = vim.api.nvim_create_augroup('toolbus_test_hold', { clear = true })
+vim.g.writing, vim.g.release = false, false
+vim.api.nvim_create_autocmd('BufWritePre', { group = group, pattern = ..., once = true, callback = function()
+  vim.g.writing = true
+  while not vim.g.release do
+    vim.wait(60000, function() return vim.g.release end)
+  end
+end })
+"""
+
+
+@contextlib.contextmanager
+def held_write(nvim: NeovimProcess, path: Path) -> Iterator[None]:
+    nvim.lua(HOLD_WRITE, str(path))
+    try:
+        yield
+    finally:
+        nvim.lua("vim.g.release = true pcall(vim.api.nvim_del_augroup_by_name, 'toolbus_test_hold')")
+
+
+def diff_buffers(nvim: NeovimProcess) -> list[str]:
+    names = nvim.lua("return vim.tbl_map(vim.api.nvim_buf_get_name, vim.api.nvim_list_bufs())")
+    return [name for name in names if name.startswith("toolbus://")]
+
+
+def test_a_call_cancelled_while_its_accept_is_written_lets_the_write_finish(
+    tmp_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """The user has accepted, and the write waits in a slow BufWritePre when the client cancels:
+    the decision is made, so the file is written, the journal says so (not in doubt), and the
+    view closes after the write, not under it (which would abort it)."""
+    path = files / "a.py"
+    nvim.edit(path)
+    # A timeout far past the hold: this is about the cancellation, not a write that timed out.
+    with held_write(nvim, path), start_server(tmp_path, nvim, nvim_timeout=60) as alone:
+        request = propose(alone, path, "x = 1\ny = 3\n", "cancelled while written")
+        shown(nvim)
+        nvim.command("write")
+        wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
+        alone.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
+        # Answered after the cancellation was read: the call has heard it by then.
+        assert not alone.call_tool("getOpenEditors", {}).get("isError")
+        nvim.lua("vim.g.release = true")
+        command, events = last_diff(JournalReader(tmp_path / "journal.db"), "cancelled while written")
+        assert (command["status"], [e["type"] for e in events]) == ("ok", ["DiffProposed", "DiffAccepted"])
+        wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
+    assert diff_buffers(nvim) == []
 
 
 def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> None:
