@@ -329,6 +329,25 @@ local function unwritable_line(buf)
   end
 end
 
+-- The buffers M.write is writing, each with the diff views asked to close meanwhile: Neovim
+-- serves requests while a BufWritePre autocmd waits (a slow formatter), and a view whose
+-- accepted text is being written, closed under that write, would abort it (M.diff_close).
+local writing = {}
+
+-- :write `buf`, and say what came of it.
+local function write_now(buf, name)
+  local written, err = pcall(api.nvim_buf_call, buf, function()
+    vim.cmd('silent write')
+  end)
+  if not written then
+    return { status = 'vim_error', message = err }
+  end
+  if vim.bo[buf].modified then
+    return { status = 'vim_error', message = 'the buffer is still modified after :write' }
+  end
+  return { status = 'saved', after = read_file(name), encoding = vim.bo[buf].fileencoding }
+end
+
 -- A save, step two: write a buffer found by M.inspect_save, unless it or its file changed
 -- since (the text kept would not be the text replaced), or its encoding cannot hold its text.
 function M.write(buf, tick, disk)
@@ -344,16 +363,20 @@ function M.write(buf, tick, disk)
     local message = ("line %d holds a character 'fileencoding' %s cannot hold; :set fileencoding=utf-8 keeps it")
     return { status = 'vim_error', message = message:format(line, vim.bo[buf].fileencoding) }
   end
-  local written, err = pcall(api.nvim_buf_call, buf, function()
-    vim.cmd('silent write')
-  end)
-  if not written then
-    return { status = 'vim_error', message = err }
+  local outer = writing[buf] -- a write from the write's own autocmds: the outer one closes
+  writing[buf] = outer or {}
+  local ok, outcome = pcall(write_now, buf, name)
+  if not outer then
+    local closing = writing[buf]
+    writing[buf] = nil
+    for _, id in ipairs(closing) do -- once the outcome is known: closing may unstage the text
+      pcall(M.diff_close, id)
+    end
   end
-  if vim.bo[buf].modified then
-    return { status = 'vim_error', message = 'the buffer is still modified after :write' }
+  if not ok then
+    error(outcome, 0)
   end
-  return { status = 'saved', after = read_file(name), encoding = vim.bo[buf].fileencoding }
+  return outcome
 end
 
 -- The one open file buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,
@@ -1148,6 +1171,11 @@ function M.diff_close(id)
   local view = diffs[id]
   if not view then
     return false
+  end
+  local closing = view.staged and writing[view.staged.buf]
+  if closing then -- its accepted text is being written: closed once that is done
+    closing[#closing + 1] = id
+    return true
   end
   diffs[id] = nil
   pcall(api.nvim_del_augroup_by_name, NAME .. '_diff_' .. id)

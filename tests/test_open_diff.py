@@ -635,6 +635,30 @@ def test_a_call_cancelled_while_its_accept_is_written_lets_the_write_finish(
     assert diff_buffers(nvim) == []
 
 
+def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_its_view_after_the_write(
+    tmp_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """Cancelled while its accept is written, and the write outlasts the Neovim timeout: toolbus
+    cannot know whether the file was written, and its journal says so, the call finished despite
+    the cancellation. The view it then closes stays until the write is done: closed under it,
+    it would abort the write and leave its tab page behind."""
+    path = files / "a.py"
+    nvim.edit(path)
+    with held_write(nvim, path), start_server(tmp_path, nvim, nvim_timeout=1) as alone:
+        request = propose(alone, path, "x = 1\ny = 3\n", "timed out after a cancel")
+        shown(nvim)
+        nvim.command("write")
+        wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
+        alone.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
+        # Finished after the view was asked to close (and Neovim answered, holding the write).
+        command, events = last_diff(JournalReader(tmp_path / "journal.db"), "timed out after a cancel")
+        assert (command["status"], [e["type"] for e in events]) == ("in_doubt", ["DiffProposed", "FileWriteInDoubt"])
+        nvim.lua("vim.g.release = true")
+        wait_until(lambda: tabs(nvim) == 1, "the view closed")
+    assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
+    assert diff_buffers(nvim) == []
+
+
 def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> None:
     nvim = NeovimProcess(tmp_path / "nvim")
     path = tmp_path / "a.py"
