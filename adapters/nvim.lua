@@ -76,6 +76,15 @@ local function buffer_bytes(buf)
   return text
 end
 
+-- While the user is in the command-line window (q:), Neovim lets no other window or buffer
+-- change (E11): a call that would is refused before it changes anything, saying what to do.
+local CMDWIN = "Neovim's command-line window (q:) is open, and no other window or buffer can change "
+  .. 'while it is: close it (:quit), then try again'
+
+local function in_cmdwin()
+  return vim.fn.getcmdwintype() ~= ''
+end
+
 -- A buffer's option, read without vim.bo's metatables: half the cost, on every buffer of a list.
 local function option(buf, name)
   return api.nvim_get_option_value(name, { buf = buf })
@@ -273,13 +282,20 @@ function M.inspect_save(path)
   end
   local name = api.nvim_buf_get_name(buf)
   local resolved = normalise(name)
-  local ok, changed, reloaded = pcall(check_disk, buf)
+  local ok, changed, reloaded = true, false, false
+  if not in_cmdwin() then -- where :checktime is refused: a change on disk is known by its time
+    ok, changed, reloaded = pcall(check_disk, buf)
+  end
   if not ok then
     return { status = 'vim_error', path = resolved, message = changed }
   end
   if vim.b[buf].toolbus_disk_conflict or changed_since_read(buf, name) then
     if vim.bo[buf].modified then
       return { status = 'conflict', path = resolved }
+    end
+    if in_cmdwin() then
+      local message = 'the file changed on disk, and its buffer must be reloaded first. ' .. CMDWIN
+      return { status = 'vim_error', path = resolved, message = message }
     end
     -- The disk version wins, as for any unmodified buffer (the user undid their edits, or the
     -- change was reported to someone else): reloaded, since :write would now prompt instead.
@@ -384,6 +400,9 @@ end
 -- buffer is not closed yet: toolbus keeps that text in its journal first, then calls M.wipe.
 -- One without is wiped at once when `wipe_unmodified` (status 'wiped'): there is nothing to keep.
 function M.find_tab(tab_name, path, wipe_unmodified)
+  if in_cmdwin() then
+    return { status = 'refused', message = CMDWIN }
+  end
   local exact, suffix = {}, {}
   -- Files only: a terminal (its job), help, a plugin's scratch or `acwrite` buffer is no tab.
   local files = open_buffers()
@@ -437,9 +456,10 @@ function M.find_tab(tab_name, path, wipe_unmodified)
   }
 end
 
--- Wipe a buffer found by M.find_tab, unless it changed since (its text kept would be stale).
+-- Wipe a buffer found by M.find_tab, unless it changed since (its text kept would be stale), or
+-- the command-line window opened meanwhile (M.find_tab then says so).
 function M.wipe(buf, tick)
-  if not api.nvim_buf_is_valid(buf) or api.nvim_buf_get_changedtick(buf) ~= tick then
+  if in_cmdwin() or not api.nvim_buf_is_valid(buf) or api.nvim_buf_get_changedtick(buf) ~= tick then
     return false
   end
   api.nvim_buf_delete(buf, { force = true })
@@ -747,6 +767,9 @@ function M.open_file(path, ask)
   if not (stat and stat.type ~= 'directory') and not find_open(path) then
     return { status = stat and 'directory' or 'not_found' }
   end
+  if ask.makeFrontmost and in_cmdwin() then -- loading it alone changes no window
+    return { status = 'refused', message = CMDWIN }
+  end
   local loaded, buf = pcall(load, path)
   if not loaded then
     return { status = 'refused', message = buf }
@@ -1042,8 +1065,11 @@ local function line_break_note(current, written)
   )
 end
 
--- Open the view, unless the file's buffer has unsaved changes.
+-- Open the view, unless the file's buffer has unsaved changes or the command-line window is open.
 function M.diff_open(id, chan, path, old_path, text, tab_name)
+  if in_cmdwin() then
+    return { status = 'refused', message = CMDWIN }
+  end
   local target = find_open(path)
   if target and vim.bo[target].modified then
     return { status = 'dirty' }

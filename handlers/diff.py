@@ -23,7 +23,7 @@ from toolbus.bus import (
     TextItems,
     blob_hash,
 )
-from toolbus.handlers.editor import commit_write, editor_of, refusal_message, save_through_editor
+from toolbus.handlers.editor import commit_write, editor_of, refusal_message, save_through_editor, vim_error
 from toolbus.handlers.ports import DiffDecision, DiffRequest, DiffView
 
 FILE_SAVED = "FILE_SAVED"
@@ -47,6 +47,8 @@ async def open_diff(command: OpenDiff, context: HandlerContext[Any]) -> TextItem
             f"openDiff: {command.new_file_path} has unsaved changes in Neovim; save or discard them, "
             "then propose again. Nothing was opened"
         )
+    if view.status == "refused":
+        raise Refused(f"openDiff: {vim_error(view.message)}. Nothing was opened")
     try:
         return await _propose_and_wait(command, context, view, proposal)
     finally:

@@ -21,6 +21,7 @@ from toolbus.bus import (
     GetOpenEditors,
     HandlerContext,
     JournalUnavailable,
+    Refused,
     SaveDocument,
     TabClosed,
     TabCloseInDoubt,
@@ -237,6 +238,8 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     await context.write_ahead(durable=False)
     for _ in range(WIPE_ATTEMPTS):
         match = await editor.find_tab(command.tab_name, exact, wipe_unmodified=True)
+        if match.status == "refused":  # a state the user can leave: said, never taken for "closed"
+            raise Refused(f"close_tab: {match.message}. Nothing was closed")
         if match.status == "not_found" or match.status == "ambiguous":
             await context.commit(
                 TabCloseSkipped(tab_name=command.tab_name, reason=match.status, candidates=match.candidates)

@@ -46,9 +46,10 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
     """The buffer close_tab would wipe (found, not yet wiped), the one it wiped at once (nothing
-    unsaved), or why there is none."""
+    unsaved), or why there is none; or why Neovim cannot close a buffer now (refused)."""
 
-    status: Literal["found", "wiped", "not_found", "ambiguous"]
+    status: Literal["found", "wiped", "not_found", "ambiguous", "refused"]
+    message: str = ""  # why it was refused
     buffer: int = 0
     tick: int = 0  # b:changedtick when found: the wipe happens only if it is unchanged
     path: str = ""  # the buffer's file as Neovim resolves it (symlinks resolved)
@@ -138,9 +139,10 @@ class DiffRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 class DiffView(msgspec.Struct, frozen=True, kw_only=True):
     """What `Editor.open_diff` did: a view opened (`id`), or none because the file's buffer
-    has unsaved changes."""
+    has unsaved changes, or Neovim could not open one (refused: `message` says why)."""
 
-    status: Literal["open", "dirty"]
+    status: Literal["open", "dirty", "refused"]
+    message: str = ""
     id: str = ""
     path: str = ""  # the file as Neovim resolves it (symlinks resolved): its events' stream
     shown: bytes = b""  # the text the proposal is shown against
