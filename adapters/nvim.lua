@@ -1012,8 +1012,10 @@ local function decide(id, action)
   end
 end
 
-local function scratch(name, text, filetype)
+-- A new scratch buffer, added to `made` at once: wiped if the view cannot open.
+local function scratch(name, text, filetype, made)
   local buf = api.nvim_create_buf(false, true)
+  made[#made + 1] = buf
   api.nvim_buf_set_name(buf, name)
   local fileformat = set_text(buf, text)
   vim.bo[buf].bufhidden = 'wipe'
@@ -1083,17 +1085,31 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   local base = vim.fs.basename(path)
   local filetype = vim.filetype.match({ filename = path }) or ''
   local origin = api.nvim_get_current_tabpage()
-  local left, shown_format = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype)
-  vim.bo[left].modifiable = false
-  local proposal, proposed_format = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype)
-  vim.bo[proposal].buftype = 'acwrite'
-  vim.bo[proposal].swapfile = false
-  vim.bo[proposal].modified = false
-  vim.cmd('tab sbuffer ' .. left)
-  vim.cmd('diffthis')
-  local right = api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
-  vim.cmd('diffthis')
-  vim.t.toolbus_diff = tab_name
+  local made = {} -- its buffers so far
+  local left, right, proposal, shown_format, proposed_format
+  local opened, err = pcall(function()
+    left, shown_format = scratch(('toolbus://%s/%s (current)'):format(id, base), shown, filetype, made)
+    vim.bo[left].modifiable = false
+    proposal, proposed_format = scratch(('toolbus://%s/%s (proposed)'):format(id, base), text, filetype, made)
+    vim.bo[proposal].buftype = 'acwrite'
+    vim.bo[proposal].swapfile = false
+    vim.bo[proposal].modified = false
+    vim.cmd('tab sbuffer ' .. left)
+    vim.cmd('diffthis')
+    right = api.nvim_open_win(proposal, true, { split = 'right', win = 0 })
+    vim.cmd('diffthis')
+    vim.t.toolbus_diff = tab_name
+  end)
+  if not opened then -- a plugin's autocmd failed, say: nothing of the view is left
+    if api.nvim_get_current_tabpage() ~= origin then -- the view's own, however far it got
+      pcall(vim.cmd, 'tabclose!')
+    end
+    for _, buf in ipairs(made) do
+      pcall(api.nvim_buf_delete, buf, { force = true })
+    end
+    pcall(api.nvim_set_current_tabpage, origin)
+    return { status = 'refused', message = err }
+  end
   local resolved = normalise(path)
   diffs[id] = {
     chan = chan,

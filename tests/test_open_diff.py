@@ -467,6 +467,20 @@ def test_refused_when_the_buffer_has_unsaved_changes(
     assert command["status"] == "failed" and events == []
 
 
+def test_a_view_that_fails_to_open_leaves_none_of_its_buffers_behind(
+    server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """A plugin's autocmd failing as the tab page opens: the call says so, and the scratch
+    buffers made for the view before it are wiped with it."""
+    path = files / "a.py"
+    nvim.command("autocmd TabNew * ++once throw 'a plugin failed'")
+    result = server.call_tool("openDiff", arguments(path, "other\n", "failing"))
+    assert result["isError"] and texts(result)[0].endswith("a plugin failed. Nothing was opened")
+    assert nvim.lua("return #vim.api.nvim_list_bufs()") == 1 and tabs(nvim) == 1
+    command, events = last_diff(journal, "failing")
+    assert command["status"] == "failed" and events == []
+
+
 def arguments(path: Path, text: str, tab: str) -> dict[str, str]:
     return {"old_file_path": str(path), "new_file_path": str(path), "new_file_contents": text, "tab_name": tab}
 
