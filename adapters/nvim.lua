@@ -1208,7 +1208,24 @@ local function unstage(staged)
   bo.modified = false
 end
 
--- Close a view: its autocmds first, so that closing it decides nothing.
+-- A closed view's buffers, and its tab page with them; a text it staged is taken out again.
+local function take_down(view)
+  if view.staged then
+    pcall(unstage, view.staged)
+  end
+  local in_view = api.nvim_get_current_tabpage() == view.tab
+  for _, buf in ipairs({ view.proposal, view.shown }) do
+    if api.nvim_buf_is_valid(buf) then
+      api.nvim_buf_delete(buf, { force = true })
+    end
+  end
+  if in_view and api.nvim_tabpage_is_valid(view.origin) then -- not the tab page Vim picks next
+    pcall(api.nvim_set_current_tabpage, view.origin)
+  end
+end
+
+-- Close a view: its autocmds first, so that closing it decides nothing. The command-line window
+-- (q:) keeps every buffer: the view is then taken down once the user leaves it.
 function M.diff_close(id)
   local view = diffs[id]
   if not view then
@@ -1221,17 +1238,17 @@ function M.diff_close(id)
   end
   diffs[id] = nil
   pcall(api.nvim_del_augroup_by_name, NAME .. '_diff_' .. id)
-  if view.staged then
-    pcall(unstage, view.staged)
-  end
-  local in_view = api.nvim_get_current_tabpage() == view.tab
-  for _, buf in ipairs({ view.proposal, view.shown }) do
-    if api.nvim_buf_is_valid(buf) then
-      api.nvim_buf_delete(buf, { force = true })
-    end
-  end
-  if in_view and api.nvim_tabpage_is_valid(view.origin) then -- not the tab page Vim picks next
-    pcall(api.nvim_set_current_tabpage, view.origin)
+  if in_cmdwin() then
+    api.nvim_create_autocmd('CmdwinLeave', {
+      once = true,
+      callback = function()
+        vim.schedule(function() -- once the window has closed
+          take_down(view)
+        end)
+      end,
+    })
+  else
+    take_down(view)
   end
   return true
 end

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
+from mcp.types import TextContent
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, text_of
 from tests.faults_helpers import wait_until
@@ -85,3 +87,32 @@ async def test_reading_and_saving_work_and_a_reload_it_needs_is_refused_clearly(
         assert CMDWIN in refused["message"] and "Traceback" not in refused["message"]
     saved = json_of(await client.call_tool("saveDocument", {"filePath": str(a)}))
     assert (saved["saved"], a.read_text(), nvim.lines(a)) == (True, "x = 3\n", ["x = 3"])
+
+
+async def test_a_diff_view_closed_from_the_command_line_window_goes_when_it_closes(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """Its decision is taken at once; its tab page, which Neovim will not close meanwhile, goes
+    as soon as the user leaves the command-line window."""
+    a = make(files, "a.py")
+    nvim.edit(a)
+    async with anyio.create_task_group() as group:
+        answers: list[list[str]] = []
+
+        async def propose() -> None:
+            result = await client.call_tool("openDiff", diff_arguments(a, "x = 2\n", "a.py diff"))
+            answers.append([item.text for item in result.content if isinstance(item, TextContent)])
+
+        group.start_soon(propose)
+        await anyio.to_thread.run_sync(
+            lambda: wait_until(lambda: "(proposed)" in nvim.lua("return vim.api.nvim_buf_get_name(0)"), timeout=5)
+        )
+        with command_line_window(nvim):
+            assert text_of(await client.call_tool("close_tab", {"tab_name": "a.py diff"})) == "TAB_CLOSED"
+            await anyio.to_thread.run_sync(lambda: wait_until(lambda: answers, timeout=5))
+            assert answers == [["DIFF_REJECTED", "a.py diff"]]
+            assert nvim.lua("return #vim.api.nvim_list_tabpages()") == 2  # until the user leaves it
+    wait_until(lambda: nvim.lua("return #vim.api.nvim_list_tabpages()") == 1, timeout=5)
+    assert not [name for name in nvim.lua(ALL_BUFFERS) if name.startswith("toolbus://")]
+    [rejected] = journal.events("DiffRejected")
+    assert rejected["data"]["by"] == "close_tab"
