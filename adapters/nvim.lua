@@ -487,26 +487,64 @@ end
 
 local VISUAL = { v = true, V = true, ['\22'] = true }
 
+-- Whether the cursor is where `$` left it: the window's 'curswant' is then v:maxcol, and a
+-- block selection reaches the end of every line.
+local function at_line_ends()
+  return vim.fn.getcurpos()[5] == vim.v.maxcol
+end
+
+-- The width of a block selected with `$`, as a yank takes it: from its first screen column to
+-- the end of its longest line, the column past its last character included (a line the block
+-- does not reach is yanked as that many spaces). getregion() would stop at the cursor's column.
+local function width_to_line_ends(from, to)
+  local first = math.min(vim.fn.virtcol({ from[2], from[3] }, true)[1], vim.fn.virtcol({ to[2], to[3] }, true)[1])
+  local last = first
+  for line = math.min(from[2], to[2]), math.max(from[2], to[2]) do
+    last = math.max(last, vim.fn.virtcol({ line, '$' }))
+  end
+  return last - first + 1
+end
+
+-- The line whose line break a yank of a charwise selection takes after its text (nil if none),
+-- which getregion() leaves out: with 'selection' inclusive, one whose last character the
+-- selection's end is past (`v$`, an empty line), if another line follows; with exclusive, the
+-- line before the one at whose start the selection ends.
+local function line_break_taken(buf, from, to)
+  local last = (to[2] > from[2] or (to[2] == from[2] and to[3] >= from[3])) and to or from
+  local line, col = last[2], last[3]
+  if vim.o.selection == 'old' then
+    return nil
+  elseif vim.o.selection == 'exclusive' and (from[2] ~= to[2] or from[3] ~= to[3]) then
+    return col == 1 and line - 1 or nil
+  end
+  local past_end = col > #api.nvim_buf_get_lines(buf, line - 1, line, false)[1]
+  return past_end and line < api.nvim_buf_line_count(buf) and line or nil
+end
+
 -- The region between two getpos() positions of the current buffer in visual `mode` (v, V or
--- CTRL-V), exactly as Vim would yank it.
-local function region(buf, mode, from, to)
-  local opts = { type = mode }
+-- CTRL-V), exactly as Vim would yank it; `to_line_ends`: selected with `$` (see at_line_ends).
+local function region(buf, mode, from, to, to_line_ends)
+  local opts = { type = mode, eol = true } -- eol: a position past a line's end is kept there
+  if mode == '\22' and to_line_ends then
+    opts.type = mode .. width_to_line_ends(from, to)
+  end
   local spans = vim.fn.getregionpos(from, to, opts)
   local first, last = spans[1][1], spans[#spans][2]
+  local text = table.concat(vim.fn.getregion(from, to, opts), '\n')
   -- A span ends on its last byte (1-based): that is the exclusive 0-based end.
-  return selection(
-    buf,
-    table.concat(vim.fn.getregion(from, to, opts), '\n'),
-    position(buf, first[2] - 1, first[3] - 1),
-    position(buf, last[2] - 1, last[3])
-  )
+  local finish = position(buf, last[2] - 1, last[3])
+  local broken = mode == 'v' and line_break_taken(buf, from, to)
+  if broken then
+    text, finish = text .. '\n', { line = broken, character = 0 }
+  end
+  return selection(buf, text, position(buf, first[2] - 1, first[3] - 1), finish)
 end
 
 -- The visual selection the user is making now in `buf`, if any.
 local function visual(buf)
   local mode = api.nvim_get_mode().mode:sub(1, 1)
   if VISUAL[mode] and api.nvim_get_current_buf() == buf then
-    return region(buf, mode, vim.fn.getpos('v'), vim.fn.getpos('.'))
+    return region(buf, mode, vim.fn.getpos('v'), vim.fn.getpos('.'), at_line_ends())
   end
   return nil
 end
@@ -1286,16 +1324,33 @@ for name, action in pairs({ ToolbusAccept = 'accept', ToolbusReject = 'reject' }
 end
 
 -- Selection tracking, for getLatestSelection: whenever the user leaves visual mode in a file
--- buffer, remember what was selected. Neovim has set the '< and '> marks by then.
+-- buffer, remember what was selected. Neovim has set the '< and '> marks by then; but an
+-- operator that ends visual mode (`y`) has moved the cursor, and so forgotten a `$` (see
+-- at_line_ends): that is noted before each key while visual mode lasts.
+local selected_to_line_ends = false
+local visual_keys = api.nvim_create_namespace(NAME .. '_visual_keys')
+local function note_line_ends()
+  selected_to_line_ends = at_line_ends()
+end
+
 api.nvim_create_autocmd('ModeChanged', {
   group = api.nvim_create_augroup(NAME .. '_selection', { clear = true }),
   callback = function(args)
     local was, now = vim.v.event.old_mode:sub(1, 1), vim.v.event.new_mode:sub(1, 1)
-    if VISUAL[was] and not VISUAL[now] and is_file_buffer(args.buf) then
-      -- Never an error in the user's face for a selection toolbus could not read.
-      local ok, found = pcall(region, args.buf, vim.fn.visualmode(), vim.fn.getpos("'<"), vim.fn.getpos("'>"))
-      if ok and found then
-        latest, selections = found, selections + 1
+    if VISUAL[now] and not VISUAL[was] then
+      note_line_ends()
+      vim.on_key(note_line_ends, visual_keys) -- only while it lasts: every key would pay for it
+    elseif VISUAL[was] and not VISUAL[now] then
+      vim.on_key(nil, visual_keys)
+      local to_line_ends = selected_to_line_ends or at_line_ends() -- noted, or still as it was
+      selected_to_line_ends = false
+      if is_file_buffer(args.buf) then
+        local from, to = vim.fn.getpos("'<"), vim.fn.getpos("'>")
+        -- Never an error in the user's face for a selection toolbus could not read.
+        local ok, found = pcall(region, args.buf, vim.fn.visualmode(), from, to, to_line_ends)
+        if ok and found then
+          latest, selections = found, selections + 1
+        end
       end
     end
   end,

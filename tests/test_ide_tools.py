@@ -144,6 +144,43 @@ async def test_a_block_selection_is_the_rectangle(client: Client, nvim: NeovimPr
     assert (reply["text"], reply["selection"]) == ("lp\nam\nps", span((0, 1), (2, 3)))
 
 
+def yanked(nvim: NeovimProcess) -> str:
+    """The user yanks the selection (`y`): what Neovim itself takes for it."""
+    user_types(nvim, "y")
+    return str(nvim.call(lambda n: n.funcs.getreg('"')))
+
+
+async def test_a_block_selected_to_the_end_of_lines_takes_each_line_to_its_end(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "gg0l<C-v>jj$", "\x16")  # the cursor ends on the shortest line
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("lpha beta\namma delta\npsilon", span((0, 1), (2, 7)))
+    assert yanked(nvim) == reply["text"]
+    # `y` moved the cursor before visual mode ended: the selection kept is still the same.
+    latest = await selection(client, "getLatestSelection")
+    assert (latest["text"], latest["selection"]) == (reply["text"], reply["selection"])
+    user_types(nvim, "gg0l<C-v>jj$<Esc>")
+    assert (await selection(client, "getLatestSelection"))["text"] == reply["text"]
+
+
+async def test_a_characterwise_selection_to_the_end_of_a_line_takes_its_line_break(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "gg0lv$", "v")
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("lpha beta\n", span((0, 1), (1, 0)))
+    assert yanked(nvim) == reply["text"]
+    latest = await selection(client, "getLatestSelection")
+    assert (latest["text"], latest["selection"]) == (reply["text"], reply["selection"])
+    user_types(nvim, "G0v$", "v")  # the last line has no line break to take
+    reply = await selection(client)
+    assert (reply["text"], reply["selection"]) == ("epsilon", span((2, 0), (2, 7)))
+    assert yanked(nvim) == reply["text"]
+
+
 async def test_without_a_selection_it_is_the_cursor_and_without_a_file_no_editor(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
