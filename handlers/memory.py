@@ -27,7 +27,7 @@ from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelineP
 from toolbus.handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
-_EPOCH_MS = re.compile(r"-?\d+")
+_EPOCH_MS = re.compile(r"-?\d+", re.ASCII)  # never "１７００" (fullwidth) or other scripts' digits
 _DATE_FORMS = f"{ISO_FORMS} or epoch milliseconds"
 
 

@@ -82,7 +82,8 @@ def query_phrases(query: str) -> list[Phrase]:
         for word in term[2].split(":"):  # `title:foo` is two words, not a column filter
             if word not in _CONNECTIVES:
                 phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
-    return phrases
+    # Each once: all must match, and a word pasted a thousand times would be matched as often.
+    return list(dict.fromkeys(phrases))
 
 
 def _clean(query: str) -> str:

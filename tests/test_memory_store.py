@@ -54,6 +54,8 @@ ANYONE = Caller(agent="reader", department="elsewhere")
         ("데이터", '"데이 이터"'),
         ("ｄａｔａ", '"data"'),
         ("x\x00y", '"x" AND "y"'),
+        ("a* " * 1300 + "b a* b", '"a"* AND "b"'),  # each phrase once: a pasted word took seconds
+        ('x "x" X', '"x" AND "X"'),
         ("", None),
         ("***", None),
         ('""" - :', None),
@@ -147,7 +149,7 @@ def test_dates_are_iso_or_epoch_milliseconds(value: str | int | None, end_of_day
     assert date_ms("search", "dateEnd", value, end_of_day=end_of_day) == expected
 
 
-@pytest.mark.parametrize("value", ["yesterday", "2025-13-01", "01/02/2025", ""])
+@pytest.mark.parametrize("value", ["yesterday", "2025-13-01", "01/02/2025", "", "１７００", "١٧٠٠"])
 def test_a_date_that_is_neither_is_invalid(value: str) -> None:
     with pytest.raises(InvalidArguments, match="dateStart: expected an ISO date"):
         date_ms("search", "dateStart", value, end_of_day=False)

@@ -242,6 +242,18 @@ def test_filters_paging_and_total(stores: Stores) -> None:
                 assert part.results == whole.results[offset : offset + 4]
 
 
+def test_a_project_holding_nul_is_found_as_it_was_saved(stores: Stores) -> None:
+    """PostgreSQL keeps a NUL as U+FFFD; a filter naming the project with its NUL failed the
+    call as a journal fault ("text fields cannot contain NUL")."""
+    odd = stores.add("odd project", "words", project="p\x00q")
+    stores.add("other project", "words", project="p")
+    for text in (None, "words"):
+        found = search_sync(stores.pg, SearchQuery(text=text, project="p\x00q"), CLAUDE)
+        assert [row.id for row in found.results] == [odd]
+    around = timeline_sync(stores.pg, TimelineQuery(anchor=odd, project="p\x00q"), CLAUDE)
+    assert [row.id for row in around.results] == [odd]
+
+
 def test_a_huge_text_saves_and_is_found_by_its_first_words(stores: Stores) -> None:
     long_word = "x" * 5000
     words = [f"w{i}" for i in range(200_000)]

@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, OLDEST_FIRST, observations_in_order
-from toolbus.journal.rows import observation_row, storable_row
+from toolbus.journal.rows import observation_row, storable_row, without_nul
 from toolbus.journal.search_text import Phrase, query_phrases, searchable, tokens
 
 T = TypeVar("T")
@@ -195,7 +195,7 @@ class _Where:
 def _search_where(query: SearchQuery, viewer: Caller) -> _Where:
     where = _Where(viewer)
     if query.project is not None:
-        where.add("o.project = %(project)s", project=query.project)
+        where.add("o.project = %(project)s", project=without_nul(query.project))  # as saved
     if query.types:
         where.add("o.type = ANY(%(types)s)", types=list(query.types))
     if query.start_ms is not None:
@@ -385,7 +385,7 @@ def timeline_sync(conn: Conn, query: TimelineQuery, viewer: Caller) -> TimelineP
         return TimelinePage(anchor=None, results=[], message=f"No {wanted} found")
     where = _Where(viewer)
     if query.project is not None:
-        where.add("o.project = %(project)s", project=query.project)
+        where.add("o.project = %(project)s", project=without_nul(query.project))
     where.params |= {"at": anchor.created_at_epoch, "id": anchor.id}
     earlier = where.also("(o.created_at_epoch, o.id) < (%(at)s, %(id)s)")
     later = where.also("(o.created_at_epoch, o.id) > (%(at)s, %(id)s)")
