@@ -139,9 +139,16 @@ def _prepared(
 
 def _named_positions(tool: str, arguments: object, events: list[Event]) -> set[int]:
     named = {event.from_position for event in events if isinstance(event, _FromEvent)}
-    if tool in _NAMING_AN_EVENT and isinstance(arguments, dict) and isinstance(arguments.get("event"), int):
-        named.add(arguments["event"])
+    if (position := _argument_position(tool, arguments)) is not None:
+        named.add(position)
     return named
+
+
+def _argument_position(tool: str, arguments: object) -> int | None:
+    """The position a command's `event` argument names, if its tool takes one."""
+    if tool in _NAMING_AN_EVENT and isinstance(arguments, dict) and isinstance(arguments.get("event"), int):
+        return int(arguments["event"])
+    return None
 
 
 def _renumbered(conn: Connection, prepared: _Prepared) -> Outcome:
@@ -166,8 +173,8 @@ def _renumbered(conn: Connection, prepared: _Prepared) -> Outcome:
         for event in outcome.events
     ]
     arguments = outcome.record.arguments
-    if outcome.record.tool in _NAMING_AN_EVENT and isinstance(arguments, dict) and arguments.get("event") in here:
-        arguments = {**arguments, "event": here[arguments["event"]]}
+    if (named := _argument_position(outcome.record.tool, arguments)) is not None:
+        arguments = {**arguments, "event": here[named]}
     record = msgspec.structs.replace(outcome.record, arguments=arguments)
     return outcome._replace(record=record, events=events)
 
