@@ -62,6 +62,20 @@ async def test_save_of_a_document_not_open_fails(client: Client, nvim: NeovimPro
     }
 
 
+async def test_a_save_of_a_file_not_open_keeps_none_of_its_text(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    opened = make(files, "a.py")
+    nvim.edit(opened)
+    for _ in range(2):  # a file found open is read by toolbus from its second save on
+        assert json_of(await client.call_tool("saveDocument", {"filePath": str(opened)}))["saved"] is True
+    secret = make(files, "secret.env", "TOKEN=never-in-the-journal\n")
+    for _ in range(2):
+        assert json_of(await client.call_tool("saveDocument", {"filePath": str(secret)}))["saved"] is False
+    kept = [bytes(row["content"]) for row in journal.rows("SELECT content FROM blobs")]
+    assert kept == [b"print('hello')\n"]
+
+
 async def test_save_of_a_readonly_buffer_fails_with_vims_error(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
