@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import NeovimProcess
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor, read_file_ahead
+from toolbus.handlers import FileRead
 
 pytestmark = pytest.mark.anyio
 
@@ -22,6 +23,16 @@ async def editor(nvim: NeovimProcess) -> AsyncIterator[NvimEditor]:
     await connected.connect()
     yield connected
     connected.disconnect()
+
+
+async def read_after_a_save_found_it_open(editor: NvimEditor, nvim: NeovimProcess, path: Path) -> tuple[Path, FileRead]:
+    """`path` holding "old", open in Neovim, found open by a save, and read ahead."""
+    path.write_bytes(b"old\n")
+    nvim.edit(path)
+    await editor.inspect_save(str(path))
+    read = editor.read_ahead(str(path))
+    assert read is not None and read.text == b"old\n"
+    return path, read
 
 
 async def test_toolbus_reads_a_file_as_neovim_names_and_identifies_it(
@@ -41,13 +52,8 @@ async def test_toolbus_reads_a_file_as_neovim_names_and_identifies_it(
 async def test_a_file_still_as_read_is_written_in_the_same_request(
     editor: NvimEditor, nvim: NeovimProcess, files: Path
 ) -> None:
-    path = files / "a.txt"
-    path.write_bytes(b"old\n")
-    nvim.edit(path)
-    await editor.inspect_save(str(path))
+    path, read = await read_after_a_save_found_it_open(editor, nvim, files / "a.txt")
     nvim.set_lines(path, ["new"])
-    read = editor.read_ahead(str(path))
-    assert read is not None and read.text == b"old\n"
     target, outcome = await editor.save_as_read(str(path), read)
     assert outcome is not None and (outcome.status, outcome.after) == ("saved", b"new\n")
     assert target.before is None  # Neovim did not read the file again: toolbus had it
@@ -57,12 +63,7 @@ async def test_a_file_still_as_read_is_written_in_the_same_request(
 async def test_a_file_changed_since_read_is_inspected_and_left_alone(
     editor: NvimEditor, nvim: NeovimProcess, files: Path
 ) -> None:
-    path = files / "a.txt"
-    path.write_bytes(b"old\n")
-    nvim.edit(path)
-    await editor.inspect_save(str(path))
-    read = editor.read_ahead(str(path))
-    assert read is not None
+    path, read = await read_after_a_save_found_it_open(editor, nvim, files / "a.txt")
     path.write_bytes(b"changed by another program\n")
     target, outcome = await editor.save_as_read(str(path), read)
     assert outcome is None
