@@ -968,6 +968,9 @@ end
 -- Replay a save: `path` holds exactly `text`, and Neovim shows it, unmodified. A buffer with
 -- unsaved changes is left alone and nothing is written.
 function M.replace(path, text, known)
+  if in_cmdwin() then -- the file would be written, and its buffer left stale
+    return { status = 'error', message = CMDWIN }
+  end
   local buf = find_any(path)
   if buf and api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
     return { status = 'modified' }
@@ -992,13 +995,16 @@ end
 function M.close(path)
   local buf = find_any(path)
   if not buf then
-    return 'not_open'
+    return { status = 'not_open' }
   end
   if api.nvim_buf_is_loaded(buf) and vim.bo[buf].modified then
-    return 'modified'
+    return { status = 'modified' }
+  end
+  if in_cmdwin() then
+    return { status = 'refused', message = CMDWIN }
   end
   api.nvim_buf_delete(buf, { force = true })
-  return 'closed'
+  return { status = 'closed' }
 end
 
 -- --- openDiff ---------------------------------------------------------------------------

@@ -553,8 +553,7 @@ class NvimEditor:
 
     async def close_file(self, path: str) -> FileClosed:
         """Wipe the buffer of `path`, unless it has unsaved changes."""
-        closed: FileClosed = msgspec.convert(await self._lua("close", path), FileClosed)
-        return closed
+        return msgspec.convert(await self._lua("close", path), FileClosed)
 
     # plumbing
 

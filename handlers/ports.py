@@ -67,7 +67,11 @@ class TabMatch(msgspec.Struct, frozen=True, kw_only=True):
     candidates: list[str] = []
 
 
-FileClosed = Literal["closed", "not_open", "modified"]  # what `Editor.close_file` did
+class FileClosed(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Editor.close_file` did."""
+
+    status: Literal["closed", "not_open", "modified", "refused"]  # refused: Neovim cannot close it now
+    message: str = ""
 
 
 class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):

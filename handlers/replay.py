@@ -38,9 +38,11 @@ async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Re
     editor: Editor = context.services.editor
     await context.write_ahead()
     closed = await editor.close_file(command.file)
-    if closed == "modified":
+    if closed.status == "modified":
         raise Fault(_unsaved(command.file))
-    if closed == "not_open":
+    if closed.status == "refused":
+        raise Fault(closed.message)
+    if closed.status == "not_open":
         return Replayed(done=False)
     await context.commit(FileReplayed(path=command.file, from_position=command.event, action="close"))
     return Replayed(done=True)

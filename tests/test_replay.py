@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import NeovimProcess, json_of, toolbus
 from tests.journal_contract import record, saved
 from tests.journal_helpers import EditorSession, cli, record_editor_session
+from tests.test_cmdwin import CMDWIN, command_line_window
 from toolbus.bus import HistoryEntry, JournalReader, blob_hash
 from toolbus.journal import editor_steps, map_path, parse_path_map
 from toolbus.journal.sqlite import SqliteJournal, SqliteReader
@@ -568,3 +569,24 @@ def test_a_replay_reads_each_files_history_once_however_many_steps_it_has(tmp_pa
 )
 def test_map_moves_a_path_under_its_folder_root_included(pair: str, recorded: str, replayed: str) -> None:
     assert map_path(recorded, parse_path_map([pair])) == replayed
+
+
+def test_replay_editor_into_a_command_line_window_stops_before_changing_anything(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work = os.path.realpath(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "b.txt").write_text("open there\n")
+    second_nvim.edit(out / "b.txt")
+    args = ("replay", "editor", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
+    closed = session.position("TabClosed", "b.txt")
+    with command_line_window(second_nvim):
+        save = cli(*args)
+        close = cli(*args, "--from", str(closed))
+    for run, step in ((save, 1), (close, closed)):
+        assert run.code == 2, run.err
+        assert run.err.startswith(f"toolbus replay: replay stopped at @{step}: {CMDWIN}")
+        assert run.err.endswith(": close it (:quit), then try again\n")
+    assert sorted(path.name for path in out.iterdir()) == ["b.txt"]  # a.txt was not written
+    assert str(out / "b.txt") in open_buffers(second_nvim)  # nor b.txt's buffer closed
