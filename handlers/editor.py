@@ -50,8 +50,12 @@ _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE
 # How a Lua error without a Vim code reached toolbus, up to the last "Error executing lua": a
 # Vim command's, then a Lua autocmd's such as a formatter's BufWritePre ('...nvim_exec2()[1]..
 # BufWritePre Autocommands for "*": Vim(append):Error executing lua callback: '); then where in
-# Lua it was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `.
-_LUA_WHERE = re.compile(r'^(?:.*Error executing lua(?: callback)?:? )?(?:(?:\[string "[^"]*"\]|\S+\.lua):\d+: )?')
+# Lua it was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `; then `nvim_exec2()[1]..`, Vim's
+# note that the error came through toolbus's own `vim.cmd` (a plugin's autocmd failing in it).
+_LUA_WHERE = re.compile(
+    r'^(?:.*Error executing lua(?: callback)?:? )?(?:(?:\[string "[^"]*"\]|\S+\.lua):\d+: )?'
+    r"(?:nvim_exec2\(\)\[\d+\]\.\.)?"
+)
 
 
 class OpenEditors(msgspec.Struct, frozen=True):

@@ -475,7 +475,8 @@ def test_a_view_that_fails_to_open_leaves_none_of_its_buffers_behind(
     path = files / "a.py"
     nvim.command("autocmd TabNew * ++once throw 'a plugin failed'")
     result = server.call_tool("openDiff", arguments(path, "other\n", "failing"))
-    assert result["isError"] and texts(result)[0].endswith("a plugin failed. Nothing was opened")
+    assert result["isError"]
+    assert texts(result)[0] == 'openDiff: TabNew Autocommands for "*": a plugin failed. Nothing was opened'
     assert nvim.lua("return #vim.api.nvim_list_bufs()") == 1 and tabs(nvim) == 1
     command, events = last_diff(journal, "failing")
     assert command["status"] == "failed" and events == []
