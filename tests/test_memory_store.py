@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import random
+import re
 import sqlite3
 from collections.abc import Iterator
 from functools import partial
@@ -618,7 +619,8 @@ def test_texts_python_s_unicode_tables_split_otherwise_score_as_in_fts5(
 ) -> None:
     """unicode61 keeps Unicode 6.1's tables: emoji and letters assigned since are parts of
     words to it, not to Python's, and some letters fold otherwise. Scored from the rows, such
-    texts rank as FTS5's column queries say; a text too long to be sure of is left to FTS5."""
+    texts rank as FTS5's column queries say. FTS5 cuts tokens at 32 KiB: only where the query
+    holds a token that long too can the cut matter, and then such a text is left to FTS5."""
     first = memory.add("fixed deploy🤖", JAN_1, text="deploy fix")  # 🤖: "deploy🤖" one word to FTS5
     newer = memory.add("noted", JAN_1 + 1, text="deploy fix")
     third = memory.add("ᏸ deploy", JAN_1 + 2, text="fix", facts=["Ǡ fix"])
@@ -631,7 +633,95 @@ def test_texts_python_s_unicode_tables_split_otherwise_score_as_in_fts5(
     assert len(scored) == 3 and None not in scored
     long = memory.add("deploy " * 2000 + "fix", JAN_1 + 3)
     monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 1)
-    assert memory.search(text="deploy fix") == [long, third, newer, first] and scored[-1] is None
+    assert memory.search(text="deploy fix") == [long, third, newer, first] and scored[-1] is not None
+    cut = memory.add("deploy " + "y" * 40_000, JAN_1 + 4)  # FTS5 keeps its first 32 KiB
+    assert memory.search(text="deploy " + "y" * 32_768 + "z") == [cut] and scored[-1] is None
+
+
+# --- a query longer than FTS5 is asked -----------------------------------------------------
+
+_RUN = "数据库" * 40  # one phrase of 119 bigrams: FTS5 is asked its first ones only
+_CHAIN = "-".join(f"w{i % 3}" for i in range(60))  # one phrase of 60 words
+_WORDS = " ".join(f"v{i}" for i in range(40))  # 40 phrases: FTS5 is asked the first ones
+_PARAGRAPH = (  # punctuation joins it into one phrase, of 109 tokens
+    "数据库连接池在高并发时会被耗尽，请求排队等待直到超时。我们把最大连接数从十提高到五十，"
+    "并给每个查询加上三秒的超时和一次重试。上线之后错误率从百分之二降到万分之三，平均延迟也下降了一半。"
+    "下一步是把慢查询记录到日志里，按周汇总给负责的同事。"
+)
+_LONG_QUERIES = [_RUN, _CHAIN, _WORDS, f"{_RUN} {_CHAIN}", _PARAGRAPH, "数据库" * 1365]
+
+
+def _add_long_phrase_notes(memory: Memory) -> dict[str, int]:
+    """Notes that hold the phrases of `_LONG_QUERIES` whole, in each column, and notes that
+    hold only their first tokens, or a run broken, or that a caller may not see."""
+    words = _WORDS.split()
+    notes: dict[str, tuple[str, dict[str, Any]]] = {
+        "in text": ("note", {"text": f"前 {_RUN} 后, {_CHAIN}; {_WORDS}\n\n{_PARAGRAPH}"}),
+        "first tokens": ("note", {"text": f"{_RUN[:60]} {_CHAIN[:100]} {' '.join(words[:35])} {_PARAGRAPH[:60]}"}),
+        "in title": (f"笔记{_RUN}", {"text": _CHAIN, "facts": [_WORDS, _PARAGRAPH]}),
+        # The chain runs on from one fact into the next, as in the index; a CJK run does not.
+        "over two facts": ("note", {"text": "x", "facts": [_RUN[:60], _RUN[60:], _CHAIN[:90], _CHAIN[90:]]}),
+        "broken run": ("note", {"text": f"{_RUN[:60]}。{_RUN[60:]}"}),
+        "in concepts": ("note", {"text": "x", "concepts": [_RUN, _CHAIN, *words, _PARAGRAPH]}),
+        "long text": ("note", {"text": "filler " * 2000 + f"{_RUN} {_CHAIN} {_WORDS} {_PARAGRAPH} " + "数据库" * 2000}),
+    }
+    hidden = {"visibility": "private", "agent": HIDDEN.agent}
+    notes["hidden"] = ("note", {"text": f"{_RUN} {_CHAIN} {_WORDS} {_PARAGRAPH} " + "数据库" * 1400, **hidden})
+    return {name: memory.add(title, JAN_1 + len(name), **fields) for name, (title, fields) in notes.items()}
+
+
+_FTS5_STRING = re.compile(r'"((?:[^"]|"")*)"')
+
+
+@pytest.mark.parametrize("text", _LONG_QUERIES)
+def test_fts5_is_asked_a_bounded_part_of_a_long_query(
+    memory: Memory, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FTS5 walks a phrase's entries once per token: a pasted run of "数据库" took seconds
+    and held the journal's thread. Whatever a search does with such a query, counting, paging
+    by date or by score levels, scoring in the index, finding a timeline's anchor, each FTS5
+    query asks for 32 tokens at most (`FTS5_TOKENS`: FTS5 walks as many in a millisecond or two)."""
+    _add_long_phrase_notes(memory)
+    monkeypatch.setattr(store, "RANK_ALL_UP_TO", 0)  # pages by score levels, if it may
+    monkeypatch.setattr(store, "SCORED_ON_ROWS_FROM", 10**9)  # scores in the index, if it may
+    statements: list[str] = []
+    memory.journal.run_sync(partial(_trace_into, statements))
+    for viewer in (ANYONE, HIDDEN):
+        _answers(memory, viewer, text)
+    asked = [sql for sql in statements if "MATCH" in sql]
+    assert asked
+    for sql in asked:
+        strings = {found.replace('""', '"') for found in _FTS5_STRING.findall(sql)}
+        assert sum(len(tokens(string)) for string in strings) <= 32, sql[:300]
+
+
+def test_a_long_query_finds_ranks_and_counts_what_fts5_asked_whole_would(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What FTS5 is not asked is checked on its matches in Python: a note holding only the
+    first tokens of a long phrase, or the phrase split over two facts or broken by a stop, is
+    no match; each that holds it whole is, in every column, in a text of any length, ranked
+    and counted as when FTS5 was asked for the whole query."""
+    notes = _add_long_phrase_notes(memory)
+    everywhere = ["in text", "in title", "in concepts", "long text"]
+    expected = {
+        _RUN: everywhere,
+        _CHAIN: [*everywhere, "over two facts"],
+        _WORDS: everywhere,
+        f"{_RUN} {_CHAIN}": everywhere,
+        _PARAGRAPH: everywhere,
+        "数据库" * 1365: ["long text"],
+    }
+    for text, names in expected.items():
+        assert sorted(memory.search(text=text, limit=100)) == sorted(notes[name] for name in names), text
+        assert memory.total(text=text, limit=1, offset=3) == len(names)
+        assert memory.total(HIDDEN, text=text, limit=1) == len(names) + 1
+    best_first = [notes[name] for name in ("in title", "in concepts", "long text", "in text")]
+    assert memory.search(text=_RUN) == best_first
+    queries = _LONG_QUERIES[:-1]  # the last one, asked whole, is what took seconds
+    answers = [_answers(memory, viewer, text) for viewer in (ANYONE, HIDDEN) for text in queries]
+    monkeypatch.setattr(store, "FTS5_TOKENS", 10**9)  # FTS5 asked for every query whole, as before
+    assert [_answers(memory, viewer, text) for viewer in (ANYONE, HIDDEN) for text in queries] == answers
 
 
 def test_an_observation_an_older_toolbus_saved_is_found(memory: Memory) -> None:

@@ -29,11 +29,11 @@ from toolbus.journal.decoding import FULL_COLUMNS, INDEX_COLUMNS, NEWEST_FIRST, 
 from toolbus.journal.rows import observation_row
 from toolbus.journal.search_text import (
     FTS5_TOKENIZER,
-    HOLDS_UP_TO,
     Phrase,
     PhraseMatcher,
     query_phrases,
     searchable,
+    tokens,
 )
 
 T = TypeVar("T")
@@ -239,19 +239,48 @@ _audience: Callable[[ObservationSaved], Audience] = operator.attrgetter(
 
 
 def match_expression(query: str) -> str | None:
-    """An FTS5 MATCH expression that requires every word and "quoted phrase" of `query`,
-    or None when the query holds no word at all.
+    """The FTS5 MATCH expression a search for `query` asks: it requires every word and
+    "quoted phrase" of `query`, as far as `FTS5_TOKENS` allows (see `_asked`), or None when
+    the query holds no word at all.
 
     User text never reaches FTS5's query syntax: each phrase becomes an FTS5 string
     (operators, column names, `*`, `:` and punctuation inside it are plain text, which the
     tokenizer splits as it split the indexed text), joined with AND.
     """
-    return " AND ".join(_fts_phrases(query)) or None
+    return " AND ".join(_asked(query_phrases(query))[0]) or None
 
 
-def _fts_phrases(query: str) -> list[str]:
-    """The FTS5 strings of `query` that must all match (see `match_expression`)."""
-    return [_fts_string(phrase) for phrase in query_phrases(query)]
+# FTS5 walks a phrase's entries once for each of its tokens, however often a token repeats: a
+# pasted run of one CJK word ("数据库" * 1365, one phrase of 4,094 bigrams) took 8 s at 3,000
+# observations and 20 s at 10,000, and the journal's one thread waited on it; many phrases
+# cost as many tokens do. So FTS5 is asked for this many of a query's tokens at most, the
+# first ones of each phrase, which narrows the matches to a few when a query is that long;
+# the phrases it was not asked whole are checked on those few in Python (`_holding`).
+FTS5_TOKENS = 32
+
+
+def _asked(phrases: list[Phrase]) -> tuple[list[str], list[Phrase]]:
+    """What FTS5 is asked for `phrases`: FTS5 strings of `FTS5_TOKENS` tokens at most in all,
+    each phrase whole or its first tokens (none once they are spent), and the phrases it is
+    not asked whole."""
+    asked: list[str] = []
+    unasked: list[Phrase] = []
+    room = FTS5_TOKENS
+    for phrase in phrases:
+        words = tokens(phrase.text)
+        if len(words) <= room:
+            asked.append(_fts_string(phrase))
+        else:
+            unasked.append(phrase)
+            if room:  # tokens joined by blanks are split into themselves again
+                asked.append(_fts_string(Phrase(" ".join(words[:room]))))
+        room -= min(room, len(words))
+    return asked, unasked
+
+
+def _asked_whole(phrases: list[Phrase]) -> bool:
+    """Whether FTS5 is asked for every phrase whole (then it may be asked anything of them)."""
+    return not _asked(phrases)[1]
 
 
 def _fts_string(phrase: Phrase) -> str:
@@ -342,8 +371,36 @@ def _matching(
     else:
         source = _MATCHES_AND_ROWS if query.project is not None or query.types else _MATCHES
         where = _search_where(query, viewer, source=source)
-    where.add("observations_fts MATCH :match", match=" AND ".join(map(_fts_string, phrases)))
+    asked, unasked = _asked(phrases)
+    where.add("observations_fts MATCH :match", match=" AND ".join(asked))
+    if unasked:
+        held = _json.encode(_holding(conn, where, unasked)).decode()
+        where.add("observations_fts.rowid IN (SELECT value FROM json_each(:held))", held=held)
     return where, phrases
+
+
+_SEARCHED = "SELECT id, title, text, facts, concepts FROM observations WHERE id IN (SELECT value FROM json_each(?))"
+_IN_ROW = "SELECT 1 FROM observations_fts WHERE observations_fts MATCH ? AND rowid = ?"
+
+
+def _holding(conn: sqlite3.Connection, where: _Where, phrases: list[Phrase]) -> list[int]:
+    """The matches of `where` with each of `phrases` in one of their columns, as the index
+    would find them: by the tokenizer's rules in Python (`PhraseMatcher`), or by FTS5 for the
+    one row whose text those cannot be sure of."""
+    candidates = _ids(conn, where, "observations_fts.rowid", -1, 0)
+    matcher = PhraseMatcher(phrases)
+    every = set(range(len(phrases)))
+    held: list[int] = []
+    for id_, title, text, facts, concepts in conn.execute(_SEARCHED, (_json.encode(candidates).decode(),)):
+        columns = (title, text, _tags(_strings.decode(facts), _strings.decode(concepts)))
+        if all(map(matcher.exact_for, columns)):
+            found = set(itertools.chain.from_iterable(map(matcher.held_in, columns)))
+        else:  # a query token FTS5 cuts (32 KiB), in a text long enough to hold one: rare
+            whole = " AND ".join(map(_fts_string, phrases))
+            found = every if conn.execute(_IN_ROW, (whole, id_)).fetchone() else set()
+        if found == every:
+            held.append(id_)
+    return held
 
 
 def _by_words_alone(query: SearchQuery) -> bool:
@@ -429,7 +486,7 @@ def _match_page(
     matches = _ids(conn, where, "observations_fts.rowid", RANK_ALL_UP_TO + 1, 0)
     if len(matches) > RANK_ALL_UP_TO:
         newer = where.newer_than(matches[-1])
-        if len(phrases) <= _LEVELLED_PHRASES:
+        if len(phrases) <= _LEVELLED_PHRASES and _asked_whole(phrases):
             total = len(matches) + _count(conn, newer)
             return (_levelled_page(conn, query, where, phrases) if query.offset < total else []), total
         matches += _ids(conn, newer, "observations_fts.rowid", -1, 0)
@@ -465,10 +522,12 @@ _TEXT_WEIGHT = 1  # every phrase of a match occurs in some column: if in neither
 
 def _best_first(conn: sqlite3.Connection, newest_first: list[int], phrases: list[Phrase]) -> list[int]:
     """`newest_first` (the visible matches) ranked by score. Only matches with a phrase in a
-    title or tags score above the least, and they are few; the rest keep their order."""
+    title or tags score above the least, and they are few; the rest keep their order. A query
+    FTS5 is not asked whole (`FTS5_TOKENS`) is scored from the rows, however many match."""
     bonus = None
-    if len(phrases) >= SCORED_ON_ROWS_FROM and (
-        len(newest_first) <= RANK_ALL_UP_TO or len(phrases) >= ROWS_FOR_ANY_COUNT_FROM
+    if not _asked_whole(phrases) or (
+        len(phrases) >= SCORED_ON_ROWS_FROM
+        and (len(newest_first) <= RANK_ALL_UP_TO or len(phrases) >= ROWS_FOR_ANY_COUNT_FROM)
     ):
         bonus = _bonus_on_rows(conn, newest_first, phrases)
     if bonus is None:
@@ -493,13 +552,13 @@ _strings = msgspec.json.Decoder(list[str])
 
 def _bonus_on_rows(conn: sqlite3.Connection, ids: list[int], phrases: list[Phrase]) -> Counter[int] | None:
     """What `ids` score above the least, from their rows: each phrase, in the best column
-    that holds it (the tokenizer's rules, `search_text.PhraseMatcher`). None when a text is too
-    long for them to be exact: FTS5 alone can tell."""
+    that holds it (the tokenizer's rules, `search_text.PhraseMatcher`). None when they cannot be
+    sure of a text (`PhraseMatcher.exact_for`): FTS5 alone can tell."""
     bonus: Counter[int] = Counter()
     matcher = PhraseMatcher(phrases)
     for id_, title, facts, concepts in conn.execute(_TITLE_AND_TAGS, (_json.encode(ids).decode(),)):
         texts = {"title": title, "tags": _tags(_strings.decode(facts), _strings.decode(concepts))}
-        if max(map(len, texts.values())) >= HOLDS_UP_TO:
+        if not all(map(matcher.exact_for, texts.values())):
             return None
         best: dict[int, int] = {}  # phrase -> the weight of its best column (the first)
         for column, weight in _RANKED_COLUMNS:
