@@ -67,6 +67,7 @@ from toolbus.bus.events import (
 from toolbus.bus.journal import (
     RECOVERABLE_FIELDS,
     STATUSES,
+    Appended,
     AuditEntry,
     AuditQuery,
     Caller,
@@ -90,6 +91,7 @@ __all__ = [
     "TOOL_COMMANDS",
     "UPCASTERS",
     "AnyEvent",
+    "Appended",
     "AuditEntry",
     "AuditQuery",
     "Bus",

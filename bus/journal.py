@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar, get_args
 
 import msgspec
 
@@ -58,6 +58,17 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True):
     changes: bool = True
 
 
+E = TypeVar("E", bound=Event)
+
+
+class Appended(NamedTuple, Generic[E]):
+    """An event as the journal appended it: at `position`, as stored (an observation with the
+    time `JournalWriter.finish` gave it)."""
+
+    position: int
+    event: E
+
+
 class JournalWriter(Protocol):
     """The write side of the journal, as the bus needs it."""
 
@@ -84,18 +95,23 @@ class JournalWriter(Protocol):
         status: Status,
         *,
         error: str | None = None,
-        events: Sequence[Event] = (),
+        events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-    ) -> list[int]:
+    ) -> list[Appended[E]]:
         """Commit the outcome (inserting the command first when `command_id` is None);
-        return the positions given to `events`. The record of a call that `changes` something
-        is durable on disk when this returns; any other is committed (it survives a crash of
-        toolbus) and reaches the disk with the next change's sync, within a second at most."""
+        return `events` as appended. The record of a call that `changes` something is durable
+        on disk when this returns; any other is committed (it survives a crash of toolbus) and
+        reaches the disk with the next change's sync, within a second at most.
+
+        An observation (`ObservationSaved`) timed no later than the latest one in the journal
+        is timed a millisecond after it: `created_at_epoch` grows with the position (the id),
+        so an agent asking for the observations after the latest time it saw misses none,
+        whatever the clocks of the servers saving and however long a save waited for another's."""
         ...
 
-    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+    async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
         """Commit events (and the blobs they name) of a command still under way, which stays
-        `in_doubt` until `finish`; return their positions."""
+        `in_doubt` until `finish`; return them as appended (an observation timed as by `finish`)."""
         ...
 
     async def keep_blobs(

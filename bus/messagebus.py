@@ -27,7 +27,7 @@ import msgspec
 from toolbus.bus.commands import Command
 from toolbus.bus.errors import EditorLost, EditorTimeout, Fault, InvalidArguments, ToolbusError
 from toolbus.bus.events import Event
-from toolbus.bus.journal import Caller, CommandRecord, JournalWriter, Status
+from toolbus.bus.journal import Appended, Caller, CommandRecord, JournalWriter, Status
 
 log = logging.getLogger("toolbus.bus")
 
@@ -43,6 +43,7 @@ class TextItems:
 # Everything but TextItems and str is answered as JSON (getDiagnostics: a list of files).
 Reply = str | TextItems | msgspec.Struct | Sequence[msgspec.Struct] | Mapping[str, Any]
 C = TypeVar("C", bound=Command)
+E = TypeVar("E", bound=Event)
 CANCELLED = "cancelled by the client (or the server stopped) before it finished"
 
 
@@ -91,7 +92,7 @@ class HandlerContext(Generic[C]):
         if if_in_doubt:
             self.if_in_doubt = if_in_doubt
 
-    async def record(self, *events: Event, blobs: Mapping[str, bytes] | None = None) -> list[int]:
+    async def record(self, *events: E, blobs: Mapping[str, bytes] | None = None) -> list[Appended[E]]:
         """Commit events before the outcome (a proposal shown to the user): durable at once,
         while the command stays `in_doubt` until `commit`. Only after `write_ahead`."""
         if self.command_id is None:
@@ -103,11 +104,12 @@ class HandlerContext(Generic[C]):
         self._waiting()
 
     async def commit(
-        self, *events: Event, blobs: Mapping[str, bytes] | None = None, error: str | None = None
-    ) -> list[int]:
+        self, *events: E, blobs: Mapping[str, bytes] | None = None, error: str | None = None
+    ) -> list[Appended[E]]:
         """Append the outcome events (and the blobs they name) and mark the command done: `ok`,
         or `failed` with `error` (what the caller is told) when it did not do what was asked.
-        Returns the events' journal positions."""
+        Returns the events as appended: their journal positions, and what the journal set in
+        them (`JournalWriter.finish`)."""
         self.commit_attempted = True
         status: Status = "ok" if error is None else "failed"
         return await self._journal.finish(

@@ -51,6 +51,7 @@ async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
         if value is not None and not value.strip():
             raise InvalidArguments(command.tool, f"{field}: expected a non-empty string, got only whitespace")
     _check_in_own_name(command, context.caller)
+    # The journal may time it later, never earlier: after the latest observation it holds.
     now_ms = time.time_ns() // 1_000_000
     session_id = command.memory_session_id or f"mcp-{now_ms}-{secrets.token_hex(4)}"
     event = ObservationSaved(
@@ -67,8 +68,8 @@ async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
         created_at_epoch=now_ms,
         extra=command.extra,
     )
-    [position] = await context.commit(event)
-    return Saved(success=True, id=position, memory_session_id=session_id, created_at_epoch=now_ms)
+    [(position, saved)] = await context.commit(event)
+    return Saved(success=True, id=position, memory_session_id=session_id, created_at_epoch=saved.created_at_epoch)
 
 
 def _check_in_own_name(command: SaveObservation, caller: Caller) -> None:

@@ -42,7 +42,7 @@ async def restore_file(command: RestoreFile, context: HandlerContext[Any]) -> Re
         written_blob=command.blob,
         replaced_blob=blob_hash(replaced) if replaced is not None else None,
     )
-    [position] = await context.commit(event, blobs=blobs)
+    [(position, _)] = await context.commit(event, blobs=blobs)
     return Restored(
         path=path,
         position=position,

@@ -1,5 +1,5 @@
 """What every backend writes the same way: a finished command (`Outcome`), the columns of a
-`commands` row, event ids, and text every database can store."""
+`commands` row, event ids, observations timed in order, and text every database can store."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -49,6 +49,26 @@ def event_ids(count: int) -> list[str]:
         f"{stamp}{noise[at : at + 3]}{_UUID7_VARIANT[noise[at + 3]]}{noise[at + 4 : at + 19]}"
         for at in range(0, 20 * count, 20)
     ]
+
+
+E = TypeVar("E", bound=Event)
+
+
+def timed_in_order(events: Sequence[E], latest: Callable[[], int | None]) -> list[E]:
+    """`events` with each observation timed after `latest()` (the latest time of the
+    observations in the journal, asked inside the transaction that appends them, only if there
+    is an observation) and after those before it among them (`JournalWriter.finish`): a
+    millisecond after, when its own clock says no later."""
+    timed: list[E] = []
+    floor = latest() if any(isinstance(event, ObservationSaved) for event in events) else None
+    for event in events:
+        if isinstance(event, ObservationSaved):
+            at = event.created_at_epoch if floor is None else max(event.created_at_epoch, floor + 1)
+            if at != event.created_at_epoch:
+                event = msgspec.structs.replace(event, created_at_epoch=at)
+            floor = at
+        timed.append(event)
+    return timed
 
 
 def command_row(

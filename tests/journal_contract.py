@@ -21,11 +21,13 @@ import anyio
 import pytest
 
 from toolbus.bus import (
+    Appended,
     AuditQuery,
     Caller,
     CommandRecord,
     DiffProposed,
     DocumentSaved,
+    Event,
     FileWriteInDoubt,
     JournalReader,
     JournalWriter,
@@ -50,7 +52,12 @@ def record(tool: str, arguments: Any = None, caller: Caller = CLAUDE) -> Command
     return CommandRecord(tool=tool, arguments=arguments or {}, caller=caller, received_ns=1_767_225_600_000_000_000)
 
 
-def observation(title: str, text: str, *, visibility: str = "project", caller: Caller = CLAUDE) -> ObservationSaved:
+NEW_YEAR_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def observation(
+    title: str, text: str, *, visibility: str = "project", caller: Caller = CLAUDE, at: int = NEW_YEAR_MS
+) -> ObservationSaved:
     return ObservationSaved(
         title=title,
         text=text,
@@ -62,7 +69,7 @@ def observation(title: str, text: str, *, visibility: str = "project", caller: C
         agent=caller.agent,
         department=caller.department,
         visibility=visibility,
-        created_at_epoch=1_767_225_600_000,
+        created_at_epoch=at,
     )
 
 
@@ -174,7 +181,7 @@ class JournalContract:
             positions: list[int] = []
             for batch in (1, 3, 0, 2):
                 events = [observation(f"t{batch}-{i}", "x") for i in range(batch)]
-                positions += await writer.finish(record("save"), None, "ok", events=events)
+                positions += [a.position for a in await writer.finish(record("save"), None, "ok", events=events)]
             return positions
 
         positions = anyio.run(work)
@@ -194,10 +201,10 @@ class JournalContract:
         assert (entry.id, entry.status, entry.events) == (command_id, "in_doubt", [])
         event, blobs = saved("/src/a.py", b"old\n", b"new\n")
 
-        async def finish() -> list[int]:
+        async def finish() -> list[Appended[DocumentSaved]]:
             return await writer.finish(call, command_id, "ok", events=[event], blobs=blobs)
 
-        [position] = anyio.run(finish)
+        [(position, _)] = anyio.run(finish)
         [entry] = read().audit(AuditQuery())
         assert entry.status == "ok" and [e.position for e in entry.events] == [position]
 
@@ -209,11 +216,11 @@ class JournalContract:
         kept = {blob_hash(b"before\n"): b"before\n"}
         doubt = FileWriteInDoubt(path="/src/a.py", replaced_blob=blob_hash(b"before\n"))
 
-        async def work() -> list[int]:
+        async def work() -> list[Appended[FileWriteInDoubt]]:
             command_id = await writer.begin(call, kept)
             return await writer.finish(call, command_id, "in_doubt", error="Neovim did not answer", events=[doubt])
 
-        [position] = anyio.run(work)
+        [(position, _)] = anyio.run(work)
         reader = read()
         [entry] = reader.history("/src/a.py")
         assert (entry.event.position, entry.event.type, entry.status) == (position, "FileWriteInDoubt", "in_doubt")
@@ -291,9 +298,9 @@ class JournalContract:
     def _save(self, writer: JournalWriter, *observations: ObservationSaved) -> list[int]:
         async def work() -> list[int]:
             return [
-                position
+                appended.position
                 for item in observations
-                for position in await writer.finish(record("save"), None, "ok", events=[item])
+                for appended in await writer.finish(record("save"), None, "ok", events=[item])
             ]
 
         return anyio.run(work)
@@ -346,6 +353,45 @@ class JournalContract:
         found = anyio.run(store.get_observations, [private, public, 999_999], STRANGER)
         assert [item["title"] for item in found.observations] == ["open"]
         assert sorted(found.missing) == sorted([private, 999_999])
+
+    def test_observations_are_timed_in_the_order_of_their_ids(
+        self, location: str, writer: JournalWriter, read: Callable[[], JournalReader]
+    ) -> None:
+        """Two servers on one journal: one read its clock (`at`), then waited while the other
+        saved a note timed later. Its note comes after, and is timed a millisecond after: times
+        grow with the ids, so an agent asking for the notes after the latest time it saw misses
+        none. The time given back is the one stored, which a rebuild of the store keeps; a
+        later clock keeps its own, and events of other types are not touched."""
+        other = self.open_writer(location)
+        at = NEW_YEAR_MS
+        document, blobs = saved("/src/a.py", None, b"a\n")
+
+        async def work() -> list[Appended[Event]]:
+            appended: list[Appended[Event]] = []
+            appended += await other.finish(record("save"), None, "ok", events=[observation("later", "x", at=at + 78)])
+            appended += await writer.finish(record("save"), None, "ok", events=[observation("waited", "x", at=at)])
+            several: list[Event] = [observation(f"batch {i}", "x", at=at + t) for i, t in enumerate((50, 200, 100))]
+            appended += await writer.finish(record("save"), None, "ok", events=[*several, document], blobs=blobs)
+            command_id = await writer.begin(record("save"))
+            appended += await writer.append(command_id, [observation("appended", "x", at=at)], {})
+            appended += await writer.finish(record("save"), None, "ok", events=[observation("ahead", "x", at=at + 500)])
+            return appended
+
+        try:
+            appended = anyio.run(work)
+        finally:
+            other.close()  # type: ignore[attr-defined]
+        assert [position for position, _ in appended] == list(range(appended[0].position, appended[0].position + 8))
+        assert appended[5].event == document
+        timed = {
+            position: event.created_at_epoch for position, event in appended if isinstance(event, ObservationSaved)
+        }
+        assert list(timed.values()) == [at + delta for delta in (78, 79, 80, 200, 201, 202, 500)]
+        stored = {event.position: event.data["created_at_epoch"] for event in read().events(["ObservationSaved"])}
+        assert stored == timed
+        listed = anyio.run(self.memory_store(writer).search, SearchQuery(limit=100, order_by="date_asc"), CLAUDE)
+        assert [row.id for row in listed.results] == sorted(stored)
+        assert read().check_memory().differences == []
 
     # --- audit, history, recovery ---------------------------------------------------------
 
@@ -470,10 +516,14 @@ class JournalContract:
         on_server, blobs_server = saved("/src/a.py", b"unknown\n", b"server\n")
 
         async def work() -> list[int]:
-            positions = await writer.finish(record("saveDocument"), None, "ok", events=[unknown], blobs=blobs_unknown)
+            [(position, _)] = await writer.finish(
+                record("saveDocument"), None, "ok", events=[unknown], blobs=blobs_unknown
+            )
+            positions = [position]
             for caller, event, blobs in ((laptop, on_laptop, blobs_laptop), (server, on_server, blobs_server)):
                 call = record("saveDocument", caller=caller)
-                positions += await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+                [(position, _)] = await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+                positions.append(position)
             return positions
 
         at_unknown, at_laptop, at_server = anyio.run(work)
@@ -500,10 +550,11 @@ class JournalContract:
         close = TabClosed(path="/src/n.md", tab_name="n.md", was_modified=True, discarded_blob=blob_hash(b"unsaved\n"))
 
         async def work() -> list[int]:
-            positions = await writer.finish(record("saveDocument"), None, "ok", events=[save], blobs=blobs)
-            return positions + await writer.finish(
+            [(saved_at, _)] = await writer.finish(record("saveDocument"), None, "ok", events=[save], blobs=blobs)
+            [(closed_at, _)] = await writer.finish(
                 record("close_tab"), None, "ok", events=[close], blobs={blob_hash(b"unsaved\n"): b"unsaved\n"}
             )
+            return [saved_at, closed_at]
 
         save_at, close_at = anyio.run(work)
         reader = read()

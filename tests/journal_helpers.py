@@ -10,15 +10,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from tests.conftest import JournalReader, NeovimProcess, json_of, toolbus
-from toolbus.bus import CommandRecord, Event, JournalUnavailable, Status
+from toolbus.bus import Appended, CommandRecord, Event, JournalUnavailable, Status
 from toolbus.journal import SqliteJournal
 
 ROOT = Path(__file__).resolve().parent.parent
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
@@ -115,10 +116,12 @@ class OutcomesFail:
     async def keep_blobs(self, blobs: Mapping[str, bytes], **kw: Any) -> None:
         await self.journal.keep_blobs(blobs, **kw)
 
-    async def finish(self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any) -> list[int]:
+    async def finish(
+        self, record: CommandRecord, command_id: int | None, status: Status, **kw: Any
+    ) -> list[Appended[Any]]:
         raise JournalUnavailable("disk full")
 
-    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
+    async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
         return await self.journal.append(command_id, events, blobs)
 
     async def settle_abandoned(self, host: str) -> int:

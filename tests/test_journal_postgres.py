@@ -13,9 +13,9 @@ import anyio
 import psycopg
 import pytest
 
-from tests.journal_contract import JournalContract, observation, record, saved
+from tests.journal_contract import NEW_YEAR_MS, JournalContract, observation, record, saved
 from tests.postgres_server import Team, drop_database, initialised_database
-from toolbus.bus import Caller, JournalReader, JournalUnavailable, JournalWriter
+from toolbus.bus import Appended, Caller, Event, JournalReader, JournalUnavailable, JournalWriter, ObservationSaved
 from toolbus.handlers import MemoryStore
 from toolbus.journal.postgres import (
     PostgresJournal,
@@ -81,8 +81,8 @@ def _save_notes(team: Team, name: str) -> dict[str, int]:
     async def work() -> dict[str, int]:
         positions = {}
         for visibility, note in notes.items():
-            [positions[visibility]] = await writer.finish(record("save", caller=caller), None, "ok", events=[note])
-        [positions["save"]] = await writer.finish(
+            [(positions[visibility], _)] = await writer.finish(record("save", caller=caller), None, "ok", events=[note])
+        [(positions["save"], _)] = await writer.finish(
             record("saveDocument", caller=caller), None, "ok", events=[save], blobs=blobs
         )
         return positions
@@ -199,22 +199,68 @@ def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) 
 
 
 def test_a_retried_transaction_appends_nothing_twice(team: Team) -> None:
+    """Nor times anew what it appended: a note saved since, timed later, changes nothing."""
     writer = PostgresJournal(team.admin_url)
     caller = Caller(agent="claude", department="platform")
-    note = observation("once", "only once", caller=caller)
-    outcome = Outcome(record("save", caller=caller), "ok", events=[note])
+
+    def send(outcome: Outcome, key: uuid.UUID, ids: list[str]) -> list[Appended[Event]]:
+        return writer.run_sync(
+            lambda conn: _record(conn, outcome, None, key, ids, time.time_ns(), times_observations=True)
+        )
+
+    once = Outcome(record("save", caller=caller), "ok", events=[observation("once", "only once", caller=caller)])
+    later = Outcome(
+        record("save", caller=caller), "ok", events=[observation("later", "x", caller=caller, at=NEW_YEAR_MS + 9)]
+    )
     key, ids = uuid.uuid4(), event_ids(1)
     try:
-        first = writer.run_sync(lambda conn: _record(conn, outcome, None, key, ids, time.time_ns()))
-        again = writer.run_sync(lambda conn: _record(conn, outcome, None, key, ids, time.time_ns()))
+        first = send(once, key, ids)
+        send(later, uuid.uuid4(), event_ids(1))
+        again = send(once, key, ids)
     finally:
         writer.close()
     assert first == again
     reader = PostgresReader(team.admin_url)
     try:
-        assert reader.counts() == (1, 1)
+        assert reader.counts() == (2, 2)
     finally:
         reader.close()
+
+
+def _save_at(team: Team, name: str, title: str, at: int, visibility: str = "project") -> Appended[ObservationSaved]:
+    """A note `name` saves through the journal, its server's clock reading `at`."""
+    writer = PostgresJournal(team.url(name))
+    note = observation(title, "x", visibility=visibility, caller=_as(team, name), at=at)
+    try:
+        [appended] = anyio.run(lambda: writer.finish(record("save", caller=_as(team, name)), None, "ok", events=[note]))
+    finally:
+        writer.close()
+    return appended
+
+
+def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> None:
+    """An agent's note comes after another's private note, timed by a clock ahead of its own:
+    it is timed after it, or an agent who sees both would miss it asking for the notes after
+    the latest time it saw. (That time is all the agent learns of the note it may not see.)"""
+    hidden = _save_at(team, "carol", "carol's own", NEW_YEAR_MS + 60_000, visibility="private")
+    seen = _save_at(team, "alice", "alice's", NEW_YEAR_MS)
+    assert seen.position > hidden.position
+    assert seen.event.created_at_epoch == NEW_YEAR_MS + 60_001
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
+        stored = admin.execute("SELECT created_at_epoch FROM observations WHERE id = %s", (seen.position,)).fetchall()
+    assert stored == [(NEW_YEAR_MS + 60_001,)]
+
+
+def test_a_team_journal_without_latest_observation_time_saves_at_the_clock_until_init_adds_it(team: Team) -> None:
+    """A journal of schema 2: an agent of a newer toolbus saves as before, at its server's
+    clock, until its admin runs `journal init` again."""
+    with connect(team.admin_url) as conn:
+        conn.execute("DROP FUNCTION toolbus.latest_observation_time()")
+    _save_at(team, "bob", "bob's", NEW_YEAR_MS + 60_000)
+    assert _save_at(team, "alice", "as before", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS
+    with connect(team.admin_url) as conn:
+        init_schema(conn)
+    assert _save_at(team, "alice", "in order", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS + 60_001
 
 
 def test_init_runs_again_without_changing_anything(team: Team) -> None:

@@ -116,7 +116,7 @@ def test_the_sqlite_reader_keeps_one_path_of_two_machines_as_two_histories(tmp_p
     async def save(host: str | None, text: bytes) -> int:
         event, blobs = saved("/src/a.py", None, text)
         call = record("saveDocument", {"filePath": "/src/a.py"}, Caller(agent="claude", host=host))
-        [position] = await journal.finish(call, None, "ok", events=[event], blobs=blobs)
+        [(position, _)] = await journal.finish(call, None, "ok", events=[event], blobs=blobs)
         return position
 
     try:

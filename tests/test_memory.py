@@ -18,6 +18,8 @@ import pytest
 from mcp import Client
 
 from tests.conftest import JournalReader, json_of, text_of, toolbus
+from toolbus.bus import Caller, CommandRecord, ObservationSaved
+from toolbus.journal import SqliteJournal
 
 pytestmark = pytest.mark.anyio
 
@@ -148,7 +150,9 @@ async def test_save_stores_what_was_sent_and_answers_with_its_id(
     assert row["title"] == sent["title"] and row["visibility"] == "public"
 
     session = SESSION_ID.match(defaults["memory_session_id"])
-    assert session and int(session[1]) == defaults["created_at_epoch"]
+    # The server's clock as it saved; the journal times the note a millisecond after the one
+    # before it if that clock says no later (the same millisecond).
+    assert session and before <= int(session[1]) <= defaults["created_at_epoch"] <= after + 1
     assert {k: second["data"][k] for k in ("type", "project", "agent", "department", "visibility")} == {
         "type": "discovery",
         "project": "manual",
@@ -559,6 +563,40 @@ async def test_everything_saved_is_found_after_a_restart(journal_path: Path) -> 
         assert await found(client, "durable", orderBy="date_desc") == [second["id"], first["id"]]
 
 
+async def test_a_save_after_another_servers_is_never_timed_before_it(journal_path: Path) -> None:
+    """Another server on the journal saved a note timed ahead of this one's clock (it read its
+    clock later, or runs ahead): a note saved here after it is timed a millisecond after, so an
+    agent asking for the notes after the latest time it saw misses none; the answer says the
+    time stored."""
+    async with toolbus(journal_path, None) as client:
+        first = await save(client, title="first", text="in order")
+        ahead = first["created_at_epoch"] + 3_600_000
+        note = ObservationSaved(
+            title="ahead",
+            text="in order",
+            type="discovery",
+            project="manual",
+            memory_session_id="other",
+            facts=[],
+            concepts=[],
+            agent="other",
+            department="default",
+            visibility="public",
+            created_at_epoch=ahead,
+        )
+        other = SqliteJournal(journal_path)  # another server's journal, as a process of its own has it
+        try:
+            saving = CommandRecord(tool="save", arguments={}, caller=Caller(agent="other"), received_ns=time.time_ns())
+            [(at, _)] = await other.finish(saving, None, "ok", events=[note])
+        finally:
+            other.close()
+        second = await save(client, title="second", text="in order")
+        assert (second["id"], second["created_at_epoch"]) == (at + 1, ahead + 1)
+        [stored] = (await call(client, "get_observations", ids=[second["id"]]))["observations"]
+        assert stored["created_at_epoch"] == ahead + 1
+        assert await found(client, "in order", dateStart=ahead + 1) == [second["id"]]
+
+
 async def test_two_servers_saving_into_one_journal_lose_nothing(journal_path: Path, journal: JournalReader) -> None:
     per_server = 50
     replies: dict[str, list[dict[str, Any]]] = {}
@@ -576,6 +614,11 @@ async def test_two_servers_saving_into_one_journal_lose_nothing(journal_path: Pa
 
     saved_ids = sorted(r["id"] for agent_replies in replies.values() for r in agent_replies)
     assert saved_ids == list(range(1, 2 * per_server + 1))
+    # Each answer says the time stored, and times grow with the ids, however the saves interleaved.
+    times = {r["id"]: r["created_at_epoch"] for agent_replies in replies.values() for r in agent_replies}
+    stored = {e["position"]: e["data"]["created_at_epoch"] for e in journal.events("ObservationSaved")}
+    in_order = [times[i] for i in saved_ids]
+    assert stored == times and in_order == sorted(set(in_order))
     journal.assert_gapless()
     assert [e["position"] for e in journal.events("ObservationSaved")] == saved_ids
     async with toolbus(journal_path, None) as client:

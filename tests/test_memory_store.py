@@ -18,6 +18,7 @@ from toolbus.bus import Caller, CommandRecord, InvalidArguments, ObservationSave
 from toolbus.bus.queries import SearchPage, SearchQuery, TimelineQuery
 from toolbus.handlers.memory import date_ms, observation_types
 from toolbus.journal import SqliteJournal
+from toolbus.journal.rows import Outcome
 from toolbus.journal.search_text import searchable, tokens
 from toolbus.journal.sqlite import memory as store
 from toolbus.journal.sqlite.memory import (
@@ -187,8 +188,9 @@ class Memory:
             "visibility": "public",
         }
         event = ObservationSaved(title=title, created_at_epoch=at, **(defaults | fields))
-        [position] = self.journal.run_sync(
-            lambda conn: self.journal.finish_sync(conn, self._record, None, "ok", events=[event])
+        # At the time given, as a copy brings it: a call saved now is timed after the latest.
+        [[position]] = self.journal.run_sync(
+            lambda conn: self.journal.record_many_sync(conn, [Outcome(self._record, "ok", events=[event])])
         )
         return position
 

@@ -244,7 +244,9 @@ def test_a_schema_5_journal_keeps_its_commands_of_unknown_machine_on_every_machi
             tool="saveDocument", arguments={}, caller=Caller(host="other-machine"), received_ns=time.time_ns()
         )
         try:
-            return await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+            return [
+                appended.position for appended in await writer.finish(call, None, "ok", events=[event], blobs=blobs)
+            ]
         finally:
             writer.close()
 

@@ -444,7 +444,7 @@ def test_a_team_journal_without_the_pending_column_works_until_init_adds_it(team
             command_id = await journal.begin(call, blobs, pending=[doubt])
             await journal.keep_blobs(blobs, command_id=command_id, pending=[doubt])
             assert admin_rows(team, f"SELECT {pending_under_way} FROM commands WHERE id = %s", command_id) == [(True,)]
-            return await journal.finish(call, command_id, "ok", events=[event])
+            return [appended.position for appended in await journal.finish(call, command_id, "ok", events=[event])]
 
         journal = PostgresJournal(team.url("alice"))
         try:

@@ -32,7 +32,7 @@ from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
 AGENT_GROUP = "toolbus_agent"
-SCHEMA_VERSION = 2  # 2: commands.pending
+SCHEMA_VERSION = 3  # 2: commands.pending; 3: latest_observation_time()
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
 APPEND_LOCK = 0x74627573
 IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
@@ -152,6 +152,16 @@ _FUNCTIONS = (
     "CREATE TRIGGER events_next_position BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION next_position()",
     f"""CREATE OR REPLACE FUNCTION my_department() RETURNS text LANGUAGE sql STABLE
         SET search_path = {SCHEMA}, pg_temp AS $$ SELECT department FROM agents WHERE role = current_user $$""",
+    # The time a new observation must come after (`JournalWriter.finish`): the latest of all,
+    # those the login may not see too (a note an agent sees must not be followed by one timed
+    # before it), so it runs as the owner. Under the append lock, as the position trigger:
+    # nothing commits between this read and the observation's insert.
+    f"""CREATE OR REPLACE FUNCTION latest_observation_time() RETURNS bigint
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
+    BEGIN
+        PERFORM pg_advisory_xact_lock({APPEND_LOCK});
+        RETURN (SELECT max(created_at_epoch) FROM {SCHEMA}.observations);
+    END $$""",
     *SEARCH_FUNCTIONS,
 )
 
@@ -196,12 +206,14 @@ _POLICIES = {
 }
 _GRANTS = (
     # The functions run as the owner: only agents may call them (PostgreSQL lets anyone by default).
-    "REVOKE EXECUTE ON FUNCTION next_position(), my_department(), matching_observations(tsquery, tsquery) FROM PUBLIC",
+    "REVOKE EXECUTE ON FUNCTION next_position(), my_department(), latest_observation_time(),"
+    " matching_observations(tsquery, tsquery) FROM PUBLIC",
     f"GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_GROUP}",
     f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
     f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
     f"GRANT UPDATE (status, error, finished_at, duration_ms, pending) ON commands TO {AGENT_GROUP}",
-    f"GRANT EXECUTE ON FUNCTION my_department(), matching_observations(tsquery, tsquery) TO {AGENT_GROUP}",
+    f"GRANT EXECUTE ON FUNCTION my_department(), latest_observation_time(), matching_observations(tsquery, tsquery)"
+    f" TO {AGENT_GROUP}",
 )
 
 
@@ -290,6 +302,14 @@ def keeps_pending(conn: psycopg.Connection[Any]) -> bool:
         (f"{SCHEMA}.commands",),
     ).fetchone()
     return row is not None
+
+
+def times_observations(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the team journal has `latest_observation_time()` (schema 3): until its admin runs
+    `journal init` again, a journal of an older schema saves observations at their servers'
+    clocks, as before."""
+    row = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"{SCHEMA}.latest_observation_time()",)).fetchone()
+    return bool(row and row[0])
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:

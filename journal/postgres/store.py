@@ -16,22 +16,37 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
+from toolbus.bus import Appended, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import decode_event, encode_event_data
 from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
 from toolbus.journal.location import ambiguous_login, shown
 from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_params
-from toolbus.journal.postgres.schema import LOGIN_ADMINISTERS, SCHEMA, keeps_pending, schema_version
-from toolbus.journal.rows import Outcome, command_row, event_ids, json_without_nul, storable_row, without_nul
+from toolbus.journal.postgres.schema import (
+    LOGIN_ADMINISTERS,
+    SCHEMA,
+    keeps_pending,
+    schema_version,
+    times_observations,
+)
+from toolbus.journal.rows import (
+    Outcome,
+    command_row,
+    event_ids,
+    json_without_nul,
+    storable_row,
+    timed_in_order,
+    without_nul,
+)
 from toolbus.journal.worker import Worker
 
 T = TypeVar("T")
+E = TypeVar("E", bound=Event)
 Connection = psycopg.Connection[tuple[Any, ...]]
 log = logging.getLogger("toolbus.journal")
 
@@ -149,6 +164,7 @@ class PostgresJournal:
         self._conn: Connection | None = None
         self.agent, self.department, self.administers = check_journal(self._connection(), self.location)
         self._keeps_pending = keeps_pending(self._connection())
+        self._times_observations = times_observations(self._connection())
 
     # --- the connection and its thread ------------------------------------------------------
 
@@ -174,7 +190,11 @@ class PostgresJournal:
                     if attempt == 2:
                         raise self._unavailable(error) from error
                     log.warning("the team journal's connection broke (%s); connecting again", _reason(error))
-                except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege) as error:
+                except (
+                    psycopg.errors.UndefinedTable,
+                    psycopg.errors.UndefinedFunction,  # the schema out of reach: its functions too
+                    psycopg.errors.InsufficientPrivilege,
+                ) as error:
                     if attempt == 2:
                         raise self._unavailable(error) from error
                     self._check_registration()
@@ -287,29 +307,33 @@ class PostgresJournal:
         status: Status,
         *,
         error: str | None = None,
-        events: Sequence[Event] = (),
+        events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-    ) -> list[int]:
+    ) -> list[Appended[E]]:
         outcome = Outcome(record, status, error, events, blobs)
         key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
-        keeps_pending = self._keeps_pending
-        return await self.run(
-            lambda conn: _record(conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending)
+        keeps_pending, times = self._keeps_pending, self._times_observations
+        appended = await self.run(
+            lambda conn: _record(
+                conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending, times_observations=times
+            )
         )
+        return cast(list[Appended[E]], appended)  # as stored: each event of the type it was given
 
-    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
-        ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
+    async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
+        ids, recorded_at, times = event_ids(len(events)), iso_time(time.time_ns()), self._times_observations
 
-        def work(conn: Connection) -> list[int]:
+        def work(conn: Connection) -> list[Appended[Event]]:
             with conn.transaction():
                 _insert_blobs(conn, blobs)
                 # The events are the command's: in its agent's name.
                 owner = conn.execute("SELECT agent, department FROM commands WHERE id = %s", (command_id,)).fetchone()
                 if owner is None:
                     raise JournalUnavailable(f"no command {command_id} in the team journal to append to")
-                return _append(conn, command_id, owner[0], owner[1], events, ids, recorded_at)
+                timed = _timed(conn, events) if times else events
+                return _append(conn, command_id, owner[0], owner[1], timed, ids, recorded_at)
 
-        return await self.run(work)
+        return cast(list[Appended[E]], await self.run(work))
 
     async def keep_blobs(
         self, blobs: Mapping[str, bytes], *, command_id: int | None = None, pending: Sequence[Event] = ()
@@ -343,13 +367,17 @@ class PostgresJournal:
         return self.run_sync(rebuild_memory)
 
     def record_many_sync(self, outcomes: Sequence[Outcome]) -> list[list[int]]:
-        """Several finished commands in one transaction (copies, benchmarks); each one's positions."""
+        """Several finished commands in one transaction (copies, benchmarks), their observations
+        at the times they hold; each one's positions."""
         finished_ns = time.time_ns()
         prepared = [(outcome, uuid.uuid4(), event_ids(len(outcome.events))) for outcome in outcomes]
 
         def work(conn: Connection) -> list[list[int]]:
             with conn.transaction():
-                return [insert_outcome(conn, outcome, None, key, ids, finished_ns) for outcome, key, ids in prepared]
+                return [
+                    [appended.position for appended in insert_outcome(conn, outcome, None, key, ids, finished_ns)]
+                    for outcome, key, ids in prepared
+                ]
 
         return self.run_sync(work)
 
@@ -366,13 +394,36 @@ def _record(
     finished_ns: int,
     *,
     keeps_pending: bool = False,
-) -> list[int]:
+    times_observations: bool = False,
+) -> list[Appended[Event]]:
+    """A call's outcome as it happens (`insert_outcome`, with `times_observations` for a journal
+    of schema 3)."""
     with conn.transaction():
         if not outcome.record.changes:
             # Committed without waiting for the disk: nothing changed, and the WAL writer
             # flushes it within wal_writer_delay.
             conn.execute("SET LOCAL synchronous_commit = off")
-        return insert_outcome(conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending)
+        return insert_outcome(
+            conn,
+            outcome,
+            command_id,
+            key,
+            ids,
+            finished_ns,
+            keeps_pending=keeps_pending,
+            times_observations=times_observations,
+        )
+
+
+def _timed(conn: Connection, events: Sequence[E]) -> list[E]:
+    """`events`, an observation timed after the latest of the journal, read by
+    `latest_observation_time()` under the append lock (`timed_in_order`)."""
+
+    def latest() -> int | None:
+        row = conn.execute("SELECT latest_observation_time()").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    return timed_in_order(events, latest)
 
 
 def insert_outcome(
@@ -384,10 +435,15 @@ def insert_outcome(
     finished_ns: int,
     *,
     keeps_pending: bool = False,
+    times_observations: bool = False,
     pid: int | None = None,
-) -> list[int]:
-    """The command's final row, its blobs, its events and their projections (in a transaction).
+) -> list[Appended[Event]]:
+    """The command's final row, its blobs, its events and their projections (in a transaction);
+    the events as appended.
     `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears.
+    `times_observations`: a call's outcome as it happens, on a journal with
+    `latest_observation_time()`: an observation is timed after the journal's latest
+    (`JournalWriter.finish`); a copy's keep their times.
     `pid`: the process that ran it, if not this one (a copied command's)."""
     record, finished_at = outcome.record, iso_time(finished_ns)
     if command_id is None:
@@ -405,8 +461,10 @@ def insert_outcome(
         )
     if outcome.blobs:
         _insert_blobs(conn, outcome.blobs)
+    # Timed last: it takes the append lock, which every other save then waits for until commit.
+    events = _timed(conn, outcome.events) if times_observations else outcome.events
     caller = record.caller
-    return _append(conn, command_id, caller.agent, caller.department, outcome.events, ids, finished_at)
+    return _append(conn, command_id, caller.agent, caller.department, events, ids, finished_at)
 
 
 _FINISHED = "status = %s, error = %s, finished_at = %s, duration_ms = %s"
@@ -495,9 +553,10 @@ def _append(
     events: Sequence[Event],
     ids: list[str],
     recorded_at: str,
-) -> list[int]:
-    """Events at the next positions (the trigger gives them), then their projections."""
-    positions = []
+) -> list[Appended[Event]]:
+    """Events at the next positions (the trigger gives them), then their projections; the events
+    as stored (their data as this attempt wrote it, or as an earlier one did)."""
+    appended = []
     for event_id, event in zip(ids, events, strict=True):
         data = encode_event_data(event).decode()
         if "\\u0000" in data:  # PostgreSQL holds no NUL: the event and its row get U+FFFD in its place
@@ -515,14 +574,19 @@ def _append(
             *(owner or (agent, department, _PRIVATE)),
         )
         inserted = conn.execute(_INSERT_EVENT, storable_row(row)).fetchone()
-        if inserted is None:  # written by an earlier attempt of this very transaction
-            found = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
-            if found is None:
-                raise AlreadyRecorded(f"the event {event_id} is in the team journal already, under another login")
-            positions.append(int(found[0]))
+        if inserted is None:  # written by an earlier attempt of this very transaction, perhaps timed otherwise
+            appended.append(_written_before(conn, event_id))
             continue
         position = int(inserted[0])
-        positions.append(position)
+        appended.append(Appended(position, event))
         if isinstance(event, ObservationSaved):
             conn.execute(INSERT_OBSERVATION, observation_params(position, event))
-    return positions
+    return appended
+
+
+def _written_before(conn: Connection, event_id: str) -> Appended[Event]:
+    found = conn.execute("SELECT position, type, version, data FROM events WHERE event_id = %s", (event_id,)).fetchone()
+    if found is None:
+        raise AlreadyRecorded(f"the event {event_id} is in the team journal already, under another login")
+    position, type_name, version, data = found
+    return Appended(int(position), decode_event(type_name, version, data))

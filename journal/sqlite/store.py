@@ -21,11 +21,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from toolbus.bus import CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
+from toolbus.bus import Appended, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
-from toolbus.journal.rows import Outcome, command_row, event_ids, valid_text
+from toolbus.journal.rows import Outcome, command_row, event_ids, timed_in_order, valid_text
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
 from toolbus.journal.sqlite.schema import NOT_OK, check_identity, migrate
@@ -33,6 +33,7 @@ from toolbus.journal.sqlite.sql import transaction
 from toolbus.journal.worker import Worker
 
 T = TypeVar("T")
+E = TypeVar("E", bound=Event)
 # FULL: every commit durable across power loss; NORMAL: safe from a crash of toolbus, not of the machine.
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -272,12 +273,13 @@ class SqliteJournal:
         status: Status,
         *,
         error: str | None = None,
-        events: Sequence[Event] = (),
+        events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-    ) -> list[int]:
-        outcome = Outcome(record, status, error, events, blobs)
+    ) -> list[Appended[E]]:
         return await self._commit(
-            lambda conn: _record(conn, outcome, command_id, time.time_ns()), sync=record.changes, blobs=blobs
+            lambda conn: _record(conn, record, status, error, events, blobs, command_id, time.time_ns()),
+            sync=record.changes,
+            blobs=blobs,
         )
 
     async def _commit(
@@ -352,20 +354,22 @@ class SqliteJournal:
         command_id: int | None,
         status: Status,
         error: str | None = None,
-        events: Sequence[Event] = (),
+        events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-    ) -> list[int]:
+    ) -> list[Appended[E]]:
         """One transaction: the command's final row, its blobs, its events and their projections.
         A change's record waits for the disk as configured (FULL by default); any other is
         committed without waiting, and reaches the disk within a second (`_Flusher`)."""
         with self._transaction(conn, sync=record.changes):
-            return _record(conn, Outcome(record, status, error, events, blobs), command_id, time.time_ns())
+            return _record(conn, record, status, error, events, blobs, command_id, time.time_ns())
 
-    async def append(self, command_id: int, events: Sequence[Event], blobs: Mapping[str, bytes]) -> list[int]:
-        def work(conn: sqlite3.Connection) -> list[int]:
+    async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
+        def work(conn: sqlite3.Connection) -> list[Appended[E]]:
             with self.transaction(conn):
                 _insert_blobs(conn, blobs)
-                return _append(conn, [(command_id, event) for event in events], iso_time(time.time_ns()))
+                timed = timed_in_order(events, lambda: _latest_observation(conn))
+                positions = _append(conn, [(command_id, event) for event in timed], iso_time(time.time_ns()))
+                return list(map(Appended, positions, timed))
 
         return await self.run(work)
 
@@ -399,14 +403,41 @@ class SqliteJournal:
         return self.run_sync(rebuild_memory)
 
     def record_many_sync(self, conn: sqlite3.Connection, outcomes: Sequence[Outcome]) -> list[list[int]]:
-        """Several finished commands in one transaction (imports, benchmarks): one fsync for all.
-        Returns each command's event positions."""
+        """Several finished commands in one transaction (imports, benchmarks): one fsync for all,
+        their observations at the times they hold. Returns each command's event positions."""
         finished_ns = time.time_ns()
         with self.transaction(conn):
             return _record_new(conn, outcomes, finished_ns)
 
 
-def _record(conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int) -> list[int]:
+def _record(
+    conn: sqlite3.Connection,
+    record: CommandRecord,
+    status: Status,
+    error: str | None,
+    events: Sequence[E],
+    blobs: Mapping[str, bytes] | None,
+    command_id: int | None,
+    finished_ns: int,
+) -> list[Appended[E]]:
+    """A call's outcome as it happens, inside its transaction: the command's final row, its
+    blobs, its events (an observation timed after the journal's latest) and their projections."""
+    timed = timed_in_order(events, lambda: _latest_observation(conn))
+    outcome = Outcome(record, status, error, timed, blobs)
+    positions = _record_outcome(conn, outcome, command_id, finished_ns)
+    return list(map(Appended, positions, timed))
+
+
+# The latest time of the observations: read inside a write transaction, no other commits before it.
+_LATEST_OBSERVATION = "SELECT max(created_at_epoch) FROM observations"
+
+
+def _latest_observation(conn: sqlite3.Connection) -> int | None:
+    latest: int | None = conn.execute(_LATEST_OBSERVATION).fetchone()[0]
+    return latest
+
+
+def _record_outcome(conn: sqlite3.Connection, outcome: Outcome, command_id: int | None, finished_ns: int) -> list[int]:
     """The command's final row, its blobs, its events and their projections (inside a transaction)."""
     if command_id is None:
         return _record_new(conn, (outcome,), finished_ns)[0]
