@@ -6,6 +6,7 @@ Decoding a tool's arguments into its Struct *is* the argument check (see `decode
 from __future__ import annotations
 
 import os
+import unicodedata
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
 from urllib.parse import unquote, urlsplit
@@ -66,6 +67,12 @@ def typed_path(value: str) -> str:
     """A path as a person typed it on the command line: `~` expanded, relative to the current
     directory."""
     return os.path.abspath(os.path.expanduser(value))
+
+
+def blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and invisible format characters (a
+    zero-width space, a byte order mark), which no word is made of."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
 
 
 def without_nul(field: str, value: str) -> str:
@@ -540,7 +547,7 @@ class Timeline(Command, frozen=True, kw_only=True):
     project: ShortText | None = None
 
     def __post_init__(self) -> None:
-        if self.anchor is None and not (self.query or "").strip():
+        if self.anchor is None and blank(self.query or ""):
             raise ValueError("anchor: expected an observation id, or a non-empty query")
 
 

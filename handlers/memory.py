@@ -21,7 +21,7 @@ from toolbus.bus import (
     SearchObservations,
     Timeline,
 )
-from toolbus.bus.commands import SQLITE_INT_MAX, SQLITE_INT_MIN, ObservationType
+from toolbus.bus.commands import SQLITE_INT_MAX, SQLITE_INT_MIN, ObservationType, blank
 from toolbus.bus.moments import DAY_MS, ISO_FORMS, epoch_ms, parse_iso
 from toolbus.bus.queries import Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
 from toolbus.handlers.ports import MemoryStore
@@ -44,11 +44,11 @@ def memory_of(context: HandlerContext[Any]) -> MemoryStore:
 
 
 async def save(command: SaveObservation, context: HandlerContext[Any]) -> Saved:
-    # The schema asks for non-empty strings; text made of blanks is just as empty (a blank agent
-    # or project would file the note where no caller looks).
+    # The schema asks for non-empty strings; text that shows nothing is just as empty (a blank
+    # agent or project would file the note where no caller looks).
     for field in ("title", "text", "project", "memory_session_id", "agent", "department"):
         value = getattr(command, field)
-        if value is not None and not value.strip():
+        if value is not None and blank(value):
             raise InvalidArguments(command.tool, f"{field}: expected a non-empty string, got only whitespace")
     _check_in_own_name(command, context.caller)
     # The journal may time it later, never earlier: after the latest observation it holds.
@@ -118,8 +118,8 @@ async def get_observations(command: GetObservations, context: HandlerContext[Any
 
 
 def _words(query: str | None) -> str | None:
-    """A query as typed, or None when it is blank (then only the filters apply)."""
-    return query if query and query.strip() else None
+    """A query as typed, or None when it shows nothing (then only the filters apply)."""
+    return None if query is None or blank(query) else query
 
 
 def observation_types(tool: str, value: str | None) -> tuple[str, ...]:

@@ -171,6 +171,7 @@ async def test_invalid_saves_are_errors_naming_the_field_and_store_nothing(
         ({"title": "t"}, "text: required field is missing"),
         ({"title": "", "text": "x"}, "title: expected a non-empty string"),
         ({"title": "   ", "text": "x"}, "title: expected a non-empty string"),
+        ({"title": "\u200b\ufeff", "text": "x"}, "title: expected a non-empty string"),  # shows nothing
         ({"title": "t", "text": ""}, "text: expected a non-empty string"),
         ({"title": "t", "text": "x", "project": "   "}, "project: expected a non-empty string, got only whitespace"),
         ({"title": "t", "text": "x", "agent": " "}, "agent: expected a non-empty string, got only whitespace"),
@@ -337,6 +338,8 @@ async def test_search_filters_pages_and_orders(journal_path: Path, journal: Jour
         assert set(everything["results"][0]) >= {"id", "title", "type", "project", "created_at_epoch"}
         assert "text" not in everything["results"][0]
         assert ids(await call(client, "search", orderBy="date_asc")) == [first, second, third, fourth]
+        for nothing_shown in (" ", "\u3000", "\u200b", "\u3000\u200b\n"):  # as no query: the filters only
+            assert ids(await call(client, "search", query=nothing_shown)) == [fourth, third, second, first]
 
         page = await call(client, "search", limit=2, offset=1)
         assert (ids(page), page["total"], page["limit"], page["offset"]) == ([third, second], 4, 2, 1)
@@ -407,8 +410,9 @@ async def test_timeline_around_an_id_and_around_a_query(journal_path: Path) -> N
             "message": "No observation 999 found",
         }
         assert (await call(client, "timeline", query="nowhere"))["anchor"] is None
-        result = await client.call_tool("timeline", {"depth_before": 2})
-        assert result.is_error and "anchor" in text_of(result)
+        for arguments in ({"depth_before": 2}, {"query": "\u200b"}, {"query": " \u3000"}):
+            result = await client.call_tool("timeline", arguments)
+            assert result.is_error and "anchor: expected an observation id, or a non-empty query" in text_of(result)
 
 
 TOO_BIG = 2**63  # one past what an SQLite INTEGER holds
