@@ -362,14 +362,19 @@ def test_replay_editor_goes_only_to_the_neovim_it_is_named(tmp_path: Path) -> No
     assert "--nvim ADDRESS socket path or host:port of the Neovim to replay to (required unless --dry-run)" in help_text
 
 
+def b_open_elsewhere(session: EditorSession, nvim: NeovimProcess, tmp_path: Path, text: str) -> tuple[str, Path]:
+    """The session's folder, and a folder `out` to replay it to, whose b.txt holds `text` and is open in `nvim`."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "b.txt").write_text(text)
+    nvim.edit(out / "b.txt")
+    return os.path.realpath(session.files["a.txt"].parent), out
+
+
 def test_a_replay_stopped_part_way_says_where_to_go_on_from(
     session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
 ) -> None:
-    work = os.path.realpath(session.files["a.txt"].parent)
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "b.txt").write_text("mine\n")
-    second_nvim.edit(out / "b.txt")
+    work, out = b_open_elsewhere(session, second_nvim, tmp_path, "mine\n")
     second_nvim.set_lines(out / "b.txt", ["my unsaved work"])
     closed = session.position("TabClosed", "b.txt")
     run = cli("replay", "editor", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
@@ -574,11 +579,7 @@ def test_map_moves_a_path_under_its_folder_root_included(pair: str, recorded: st
 def test_replay_editor_into_a_command_line_window_stops_before_changing_anything(
     session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
 ) -> None:
-    work = os.path.realpath(session.files["a.txt"].parent)
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "b.txt").write_text("open there\n")
-    second_nvim.edit(out / "b.txt")
+    work, out = b_open_elsewhere(session, second_nvim, tmp_path, "open there\n")
     args = ("replay", "editor", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
     closed = session.position("TabClosed", "b.txt")
     with command_line_window(second_nvim):
