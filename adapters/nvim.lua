@@ -273,9 +273,9 @@ end
 
 -- A save, step one: find the buffer, settle a disk change without a prompt (reload an
 -- unmodified buffer; a modified one is a conflict), and return the disk text the write would
--- replace (unless toolbus read it itself, as `known_disk`). Nothing is written yet: toolbus
--- keeps that text in its journal first, then calls M.write.
-function M.inspect_save(path, known_disk)
+-- replace. Nothing is written yet: toolbus keeps that text in its journal first, then calls
+-- M.write.
+function M.inspect_save(path)
   local buf = find_open(path)
   if not buf then
     return { status = 'not_open', path = normalise(path) }
@@ -312,7 +312,7 @@ function M.inspect_save(path, known_disk)
     buffer = buf,
     tick = api.nvim_buf_get_changedtick(buf),
     disk = disk,
-    before = disk ~= known_disk and read_file(name) or nil, -- toolbus has the file as known_disk
+    before = read_file(name),
     changed = changed,
     reloaded = reloaded,
   }
@@ -393,17 +393,6 @@ function M.write(buf, tick, disk)
     error(outcome, 0)
   end
   return outcome
-end
-
--- A save in one request, of a file toolbus read itself and kept in its journal (`disk`, its
--- identity then): inspected as M.inspect_save does, and written at once if the file is still the
--- one toolbus read. Otherwise inspected only, with the disk text the write would replace.
-function M.save_as_read(path, disk)
-  local target = M.inspect_save(path, disk)
-  if target.status ~= 'ready' or target.disk ~= disk then
-    return { target = target }
-  end
-  return { target = target, outcome = M.write(target.buffer, target.tick, disk) }
 end
 
 -- The one open file buffer named `path` (exactly) or, failing that, ending in '/' .. tab_name,

@@ -17,7 +17,6 @@ import itertools
 import logging
 import os
 import secrets
-import stat
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,7 +39,6 @@ from toolbus.handlers.ports import (
     FileClosed,
     FileDiagnostics,
     FileOpened,
-    FileRead,
     FileReplaced,
     OpenEditor,
     SaveOutcome,
@@ -58,8 +56,6 @@ NvimCall = Callable[[pynvim.Nvim], T]
 DEFAULT_TIMEOUT = 5.0
 # How long a Neovim found stuck gets to answer a cheap question before a call is refused.
 STUCK_PROBE_SECONDS = 0.5
-# A file toolbus reads itself for a save: read on the event loop, so small enough not to hold it up.
-READ_AHEAD_LIMIT = 1 << 20
 LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
 # Versioned by content, so toolbus processes of different versions can share one Neovim.
 LUA_MODULE = "toolbus_" + hashlib.sha256(LUA_SOURCE.encode()).hexdigest()[:12]
@@ -352,7 +348,6 @@ def _error_text(error: Any) -> str:
 DIFF_NOTIFICATION = "toolbus_diff"  # what nvim.lua's diff views rpcnotify() with
 # close_tab never wipes a file buffer whose name a diff view had: bounded, as a server lives long.
 _KNOWN_DIFF_TABS = 1000
-_KNOWN_OPEN_FILES = 1000
 
 
 @dataclass(eq=False)
@@ -386,7 +381,6 @@ class NvimEditor:
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
         self._diffs: dict[str, _Diff] = {}  # open views by id
         self._diff_tabs: dict[str, None] = {}  # names of every view opened, oldest first
-        self._open_files: dict[str, None] = {}  # paths saves found open in Neovim, latest last
         self._name = secrets.token_hex(8)  # this toolbus, to Neovim's selection tracking
 
     # Editor protocol
@@ -400,35 +394,11 @@ class NvimEditor:
         return None if result is None else bool(result)
 
     async def inspect_save(self, path: str) -> SaveTarget:
-        target = msgspec.convert(_to_bytes(await self._lua("inspect_save", path), ("before",)), SaveTarget)
-        self._note_open(path, target)
-        return target
+        return msgspec.convert(_to_bytes(await self._lua("inspect_save", path), ("before",)), SaveTarget)
 
     async def write(self, target: SaveTarget) -> SaveOutcome:
         result = await self._lua("write", target.buffer, target.tick, target.disk)
         return msgspec.convert(_to_bytes(result, ("after",)), SaveOutcome)
-
-    def read_ahead(self, path: str) -> FileRead | None:
-        # Only a file Neovim was found to have open (toolbus reads no file an agent merely
-        # names), and only where toolbus sees Neovim's files: over a Unix socket, on this machine.
-        session = self._session
-        if path not in self._open_files or session is None or not session.alive or _tcp_address(session.address):
-            return None
-        return read_file_ahead(path)
-
-    async def save_as_read(self, path: str, read: FileRead) -> tuple[SaveTarget, SaveOutcome | None]:
-        result = await self._lua("save_as_read", path, read.disk)
-        target = msgspec.convert(_to_bytes(result["target"], ("before",)), SaveTarget)
-        self._note_open(path, target)
-        outcome = result.get("outcome")
-        return target, None if outcome is None else msgspec.convert(_to_bytes(outcome, ("after",)), SaveOutcome)
-
-    def _note_open(self, path: str, target: SaveTarget) -> None:
-        self._open_files.pop(path, None)
-        if target.status != "not_open":
-            self._open_files[path] = None  # the latest last
-            if len(self._open_files) > _KNOWN_OPEN_FILES:
-                del self._open_files[next(iter(self._open_files))]
 
     async def find_tab(self, tab_name: str, path: str | None, *, wipe_unmodified: bool = False) -> TabMatch:
         found = await self._lua("find_tab", tab_name, path, wipe_unmodified)
@@ -752,28 +722,6 @@ async def _ask(address: str, method: str, *args: Any, timeout: float) -> Any:
     finally:
         if session is not None:
             session.close()
-
-
-def read_file_ahead(path: str) -> FileRead | None:
-    """`path` read for a save, with its identity taken before reading (a change while reading
-    shows as a change); None for what is not a regular file, or is over READ_AHEAD_LIMIT."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
-    except FileNotFoundError:
-        return FileRead(path=os.path.realpath(path), disk="", text=None)
-    except OSError:
-        return None
-    with open(descriptor, "rb") as file:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode) or status.st_size > READ_AHEAD_LIMIT:
-            return None
-        return FileRead(path=os.path.realpath(path), disk=disk_identity(status), text=file.read())
-
-
-def disk_identity(status: os.stat_result) -> str:
-    """A file's identity as nvim.lua's `disk_identity` forms it: a save writes only while it holds."""
-    seconds, nanoseconds = divmod(status.st_mtime_ns, 1_000_000_000)
-    return f"{status.st_ino}:{status.st_size}:{seconds}:{nanoseconds}:{status.st_ctime_ns % 1_000_000_000}"
 
 
 def _to_bytes(result: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

@@ -24,17 +24,7 @@ from toolbus.bus import (
     Timeline,
 )
 from toolbus.handlers import diff, editor, ide, memory, replay, restore
-from toolbus.handlers.ports import (
-    Editor,
-    FileRead,
-    Files,
-    MemoryStore,
-    OpenEditor,
-    SaveOutcome,
-    SaveTarget,
-    TabMatch,
-    Texts,
-)
+from toolbus.handlers.ports import Editor, Files, MemoryStore, OpenEditor, SaveOutcome, SaveTarget, TabMatch, Texts
 
 HANDLERS: dict[type[Command], Handler] = {
     GetOpenEditors: editor.get_open_editors,
@@ -58,15 +48,4 @@ HANDLERS: dict[type[Command], Handler] = {
     ReplayClose: replay.replay_close,
 }
 
-__all__ = [
-    "HANDLERS",
-    "Editor",
-    "FileRead",
-    "Files",
-    "MemoryStore",
-    "OpenEditor",
-    "SaveOutcome",
-    "SaveTarget",
-    "TabMatch",
-    "Texts",
-]
+__all__ = ["HANDLERS", "Editor", "Files", "MemoryStore", "OpenEditor", "SaveOutcome", "SaveTarget", "TabMatch", "Texts"]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import msgspec
 
@@ -30,8 +29,6 @@ from toolbus.bus import (
     blob_hash,
 )
 from toolbus.handlers.ports import Editor, OpenEditor, SaveOutcome, SaveTarget
-
-T = TypeVar("T")
 
 Refusal = Literal["not_open", "conflict", "vim_error", "busy"]  # why a save wrote nothing
 TAB_CLOSED = "TAB_CLOSED"
@@ -156,72 +153,48 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
     """Save the buffer of `path` by saveDocument's rules: the replaced text durable before the
     write, a disk change settled without a prompt, a buffer that keeps changing left alone."""
     editor = editor_of(context)
-    target: SaveTarget | None = None
-    if (read := editor.read_ahead(path)) is not None:
-        # The file read here and kept first: then one request inspects and writes.
-        replaced = await _keep_replaced(context, read.path, read.text)
-        inspected, outcome = await _asked_to_write(context, read.path, editor.save_as_read(path, read))
-        if outcome is None:  # not the file read here: written below, with the text Neovim read
-            target = inspected
-        elif attempt := _attempted(inspected, outcome, replaced):
-            return attempt
     for _ in range(WRITE_ATTEMPTS):
-        target = target or await editor.inspect_save(path)
+        target = await editor.inspect_save(path)
         if target.status != "ready":
             return SaveAttempt(target.path, target.status, target.message)
-        replaced = await _keep_replaced(context, target.path, target.before)
-        outcome = await _asked_to_write(context, target.path, editor.write(target))
-        if attempt := _attempted(target, outcome, replaced):
-            return attempt
-        target = None
+        replaced = await _keep_replaced(context, target)
+        outcome = await _write(editor, target)
+        context.if_in_doubt = ()
+        if outcome.status == "saved" and outcome.after is not None:
+            return SaveAttempt(
+                target.path, target=target, after=outcome.after, replaced=replaced, encoding=outcome.encoding
+            )
+        if outcome.status == "saved":  # written, but the file could not be read back
+            unread = "the file could not be read back after :write; check it on disk"
+            return SaveAttempt(target.path, "vim_error", unread)
+        if outcome.status == "vim_error":
+            return SaveAttempt(target.path, "vim_error", outcome.message)
     # The user kept typing, or the file kept changing: leave both alone rather than chase them.
-    return SaveAttempt(path if target is None else target.path, "busy")
+    return SaveAttempt(target.path, "busy")
 
 
-def _attempted(target: SaveTarget, outcome: SaveOutcome, replaced: str | None) -> SaveAttempt | None:
-    """What a write came to; None when the buffer or its file changed since inspected."""
-    if outcome.status == "saved" and outcome.after is not None:
-        return SaveAttempt(
-            target.path, target=target, after=outcome.after, replaced=replaced, encoding=outcome.encoding
-        )
-    if outcome.status == "saved":  # written, but the file could not be read back
-        return SaveAttempt(target.path, "vim_error", "the file could not be read back after :write; check it on disk")
-    if outcome.status == "vim_error":
-        return SaveAttempt(target.path, "vim_error", outcome.message)
-    return None
-
-
-async def _keep_replaced(context: HandlerContext[Any], path: str, before: bytes | None) -> str | None:
+async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
     """Write ahead, with the disk text the write will replace: durable before the write, so a
     save is never a loss. Until Neovim answers, the write may or may not happen: if it ends in
     doubt, the journal says so under the file, with the text kept."""
-    kept = {} if before is None else {blob_hash(before): before}
+    kept = {} if target.before is None else {blob_hash(target.before): target.before}
     replaced = next(iter(kept), None)
     try:
-        await context.write_ahead(kept, if_in_doubt=(FileWriteInDoubt(path=path, replaced_blob=replaced),))
+        await context.write_ahead(kept, if_in_doubt=(FileWriteInDoubt(path=target.path, replaced_blob=replaced),))
     except JournalUnavailable as error:
         # The journal's words say what it did; these, what the save did.
-        raise JournalUnavailable(f"{error}. {path} was not saved: it is unchanged") from error
+        raise JournalUnavailable(f"{error}. {target.path} was not saved: it is unchanged") from error
     return replaced
 
 
-async def _asked_to_write(context: HandlerContext[Any], path: str, request: Awaitable[T]) -> T:
-    """A request that may write `path`, once its replaced text is kept: once answered, the write's
-    outcome is known; unanswered, it may have happened."""
+async def _write(editor: Editor, target: SaveTarget) -> SaveOutcome:
     try:
-        answer = await request
-    except EditorLost as error:
-        raise EditorLost(f"{error}. {_OUTCOME_UNKNOWN.format(path=path)}") from error
-    except EditorTimeout as error:
-        raise EditorTimeout(f"{error}. {_OUTCOME_UNKNOWN.format(path=path)}") from error
-    context.if_in_doubt = ()
-    return answer
-
-
-_OUTCOME_UNKNOWN = (
-    "The save's outcome is unknown: {path} may have been written; "
-    "the text it would replace is kept in the journal (toolbus history, toolbus recover)"
-)
+        return await editor.write(target)
+    except (EditorTimeout, EditorLost) as error:
+        raise type(error)(
+            f"{error}. The save's outcome is unknown: {target.path} may have been written; "
+            "the text it would replace is kept in the journal (toolbus history, toolbus recover)"
+        ) from error
 
 
 async def commit_write(context: HandlerContext[Any], attempt: SaveAttempt, event: Event) -> None:

@@ -35,15 +35,6 @@ class SaveTarget(msgspec.Struct, frozen=True, kw_only=True):
     reloaded: bool = False  # ...and the unmodified buffer was reloaded first
 
 
-class FileRead(msgspec.Struct, frozen=True, kw_only=True):
-    """A file as toolbus read it ahead of a save, so that its text is kept in the journal before
-    Neovim is asked, once, to inspect the buffer and write it."""
-
-    path: str  # symlinks resolved, as Neovim names the file
-    disk: str  # its identity when read, as `SaveTarget.disk` ('' none)
-    text: bytes | None  # None: no file
-
-
 class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What happened when Neovim was asked to write an inspected buffer."""
 
@@ -197,17 +188,6 @@ class Editor(Protocol):
 
     async def write(self, target: SaveTarget) -> SaveOutcome:
         """Write an inspected buffer, unless it or its file changed since."""
-        ...
-
-    def read_ahead(self, path: str) -> FileRead | None:
-        """The file a save of `path` would replace, read by toolbus; None when Neovim should read
-        it: a file no save has found open in Neovim yet, not a regular file, or one too big to read
-        without holding up other calls."""
-        ...
-
-    async def save_as_read(self, path: str, read: FileRead) -> tuple[SaveTarget, SaveOutcome | None]:
-        """`inspect_save`, then `write` in the same request if the file is still as `read`;
-        otherwise no outcome, and the target as `inspect_save` gives it."""
         ...
 
     async def find_tab(self, tab_name: str, path: str | None, *, wipe_unmodified: bool = False) -> TabMatch:

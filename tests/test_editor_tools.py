@@ -67,10 +67,10 @@ async def test_a_save_of_a_file_not_open_keeps_none_of_its_text(
 ) -> None:
     opened = make(files, "a.py")
     nvim.edit(opened)
-    for _ in range(2):  # a file found open is read by toolbus from its second save on
+    for _ in range(2):
         assert json_of(await client.call_tool("saveDocument", {"filePath": str(opened)}))["saved"] is True
     secret = make(files, "secret.env", "TOKEN=never-in-the-journal\n")
-    for _ in range(2):
+    for _ in range(2):  # a file an agent merely names is never read into the journal
         assert json_of(await client.call_tool("saveDocument", {"filePath": str(secret)}))["saved"] is False
     kept = [bytes(row["content"]) for row in journal.rows("SELECT content FROM blobs")]
     assert kept == [b"print('hello')\n"]
