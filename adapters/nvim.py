@@ -475,8 +475,16 @@ class NvimEditor:
     async def _close_view(self, view: str) -> None:
         """Close a view in Neovim, best effort: through a new connection if its own is gone
         (a timeout closed it), so that no view is left that nobody hears a decision from."""
-        with contextlib.suppress(ToolbusError, NvimRequestError):
+        try:
             await self._lua("diff_close", view)
+        except EditorTimeout:
+            # Still busy or at a prompt: a request toolbus gave up on may never run once Neovim
+            # is free; a notification, on a connection kept open, does.
+            with contextlib.suppress(ToolbusError):
+                session = await self._connect()
+                session.notify("nvim_exec_lua", _lua_notification("diff_close"), (view,))
+        except (ToolbusError, NvimRequestError):
+            pass
 
     async def close_diffs(self, tab_name: str | None, by: DiffCloser) -> int:
         closing = [

@@ -16,12 +16,13 @@ from mcp import Client
 from mcp.types import CallToolResult
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
-from tests.faults_helpers import assert_reachable, assert_sound, journal_state, ready, rows
+from tests.faults_helpers import assert_reachable, assert_sound, journal_state, ready, rows, wait_until
 from tests.rpc_client import StdioServer, clean_env, toolbus_argv
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
 from toolbus.bus import EditorTimeout, EditorUnavailable
 from toolbus.bus.messagebus import CANCELLED
+from toolbus.handlers.ports import DiffRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -308,3 +309,37 @@ async def test_a_close_that_times_out_is_of_unknown_outcome_and_its_unsaved_text
     [doubt] = state.events
     assert (doubt["type"], doubt["stream"]) == ("TabCloseInDoubt", f"file:{path}")
     assert_reachable(journal_path, path, doubt["position"], "may have been closed", b"value = unsaved\n")
+
+
+async def test_a_view_whose_close_timed_out_closes_once_neovim_is_free(
+    nvim: NeovimProcess, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view toolbus gives up on while Neovim is still busy (its call ended): the request to
+    close it times out, and a request from a connection given up on may never run, so the close
+    is left in Neovim, to run once it is free."""
+
+    async def no_interrupt(address: str, method: str, *args: Any, timeout: float) -> Any:
+        return None  # the block is the user's, and ends by itself
+
+    monkeypatch.setattr(nvim_adapter, "_ask", no_interrupt)
+    path = files / "a.py"
+    path.write_text("a\n")
+    editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=5.0)
+    try:
+        with anyio.fail_after(GENEROUS):
+            request = DiffRequest(path=str(path), old_path=str(path), text=b"proposed\n", tab_name="late")
+            view = await editor.open_diff(request)
+            editor.timeout = 0.5
+            started, ended = files / "started", files / "ended"
+            loop = "let t = reltime() | while reltimefloat(reltime(t)) < 3 | endwhile"
+            busy = f"call writefile([], '{started}') | {loop} | call writefile([], '{ended}')"
+            nvim.call(lambda n: n.command(busy, async_=True))
+            while not started.exists():
+                await anyio.sleep(0.01)
+            await editor.close_diff(view.id)  # timed out: Neovim is still busy
+            while not ended.exists():
+                await anyio.sleep(0.01)
+            await anyio.sleep(1)  # nothing asked of it meanwhile: a request given up on is dropped
+            wait_until(lambda: nvim.lua("return #vim.api.nvim_list_tabpages()") == 1, timeout=GENEROUS / 2)
+    finally:
+        editor.disconnect()
