@@ -100,9 +100,15 @@ def _check_team_journal(settings: Settings, lines: list[str]) -> bool:
         return False
     try:
         commands, events = reader.counts()
+        version = reader.schema_version()
     finally:
         reader.close()
     lines.append(f"✓ journal: {reader.location} (a team journal; {commands} commands, {events} events visible)")
+    if missing := _schema_additions_missing(version):
+        lines.append(
+            "⚠ journal: its schema is older than this toolbus's; the team's admin brings it up to date with "
+            f"`toolbus journal init URL` (no data changes). Until then it lacks {'; '.join(missing)}"
+        )
     try:
         caller = identity(settings, reader)  # as `serve` judges it
     except ValueError as error:
@@ -110,6 +116,12 @@ def _check_team_journal(settings: Settings, lines: list[str]) -> bool:
         return False
     lines.append(f"identity: agent {caller.agent!r}, department {caller.department!r} (from the login)")
     return True
+
+
+def _schema_additions_missing(version: int | None) -> list[str]:
+    from toolbus.journal.postgres.schema import SCHEMA_ADDITIONS
+
+    return [added for number, added in SCHEMA_ADDITIONS.items() if version is not None and number > version]
 
 
 def _version(distribution: str) -> str:

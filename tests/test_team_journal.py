@@ -135,6 +135,19 @@ def test_an_agent_flag_that_differs_from_the_login_is_refused(team: Team) -> Non
     assert f"identity: agent {team.roles['alice']!r}, department 'platform' (from the login)" in checked.stdout
 
 
+def test_doctor_says_what_a_team_journal_of_an_older_schema_lacks_until_init(team: Team) -> None:
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as conn:  # as toolbus left it at 2
+        conn.execute("DROP FUNCTION latest_observation_time()")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    checked = cli("doctor", "--journal", team.url("alice"))
+    [warning] = [line for line in checked.stdout.splitlines() if line.startswith("⚠ journal:")]
+    assert "`toolbus journal init URL`" in warning and "it lacks notes timed in the order of their ids" in warning
+    assert "commands.pending" not in warning  # schema 2 has that
+    with connect(team.admin_url) as conn:
+        init_schema(conn)
+    assert "⚠" not in cli("doctor", "--journal", team.url("alice")).stdout
+
+
 def test_a_role_that_is_not_a_registered_agent_is_refused(team: Team) -> None:
     with psycopg.connect(team.admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE ROLE "dave_{team.database}" LOGIN')

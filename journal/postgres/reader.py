@@ -35,6 +35,7 @@ from toolbus.journal.decoding import (
 )
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
+from toolbus.journal.postgres.schema import schema_version
 from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
 
 _BATCH = 200
@@ -46,6 +47,9 @@ class PostgresReader:
         self._conn.read_only = True
         self.location = shown(url)
         self.agent, self.department, self.administers = check_journal(self._conn, self.location)
+
+    def schema_version(self) -> int | None:
+        return schema_version(self._conn)
 
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
         sql, params = _command_sql(query)

@@ -32,7 +32,13 @@ from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
 AGENT_GROUP = "toolbus_agent"
-SCHEMA_VERSION = 3  # 2: commands.pending; 3: latest_observation_time()
+# What each schema version brought, in a user's words: missing until the admin runs `journal
+# init` again.
+SCHEMA_ADDITIONS = {
+    2: "the events of a call whose process died (commands.pending)",
+    3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
+}
+SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
 APPEND_LOCK = 0x74627573
 IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
