@@ -1,4 +1,4 @@
-"""Journal entries for people: tables (through tabulate) and a few words per event."""
+"""Journal entries for people: tables and a few words per event."""
 
 from __future__ import annotations
 
@@ -7,24 +7,27 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tabulate import tabulate
-
 from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import RECOVERABLE_FIELDS, AuditEntry, HistoryEntry, JournalReader, StoredEvent, typed_path
 from toolbus.bus.commands import SQLITE_INT_MAX
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:
-    """Columns padded to their widest cell, every cell `for_terminal`. On a terminal the last
-    column is cut to fit."""
+    """Columns two spaces apart, each as wide as its widest cell and its header + 2 at least,
+    every cell `for_terminal`. On a terminal the last column is cut to fit."""
     rows = [[for_terminal(cell) for cell in row] for row in rows]
+    widths = [max([len(header) + 2, *(len(row[i]) for row in rows)]) for i, header in enumerate(headers)]
     if sys.stdout.isatty():
-        others = sum(max(len(row[i]) for row in [headers, *rows]) + 2 for i in range(len(headers) - 1))
+        others = sum(width + 2 for width in widths[:-1])
         room = max(os.get_terminal_size(sys.stdout.fileno()).columns - others, 24)
         rows = [[*row[:-1], shorten(row[-1], room)] for row in rows]
-    align = tuple("right" if i in right else "left" for i in range(len(headers)))
-    text = tabulate(rows, headers=list(headers), tablefmt="plain", colalign=align, disable_numparse=True)
-    return "\n".join(line.rstrip() for line in text.splitlines())
+
+    def line(cells: Sequence[str]) -> str:
+        columns = zip(cells, widths, strict=False)  # the last width may be past a cut cell's
+        padded = (cell.rjust(width) if i in right else cell.ljust(width) for i, (cell, width) in enumerate(columns))
+        return "  ".join(padded).rstrip()
+
+    return "\n".join(line(row) for row in [headers, *rows])
 
 
 def clock(timestamp: str | None) -> str:
