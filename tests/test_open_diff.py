@@ -636,10 +636,7 @@ def test_a_call_cancelled_while_its_accept_is_written_lets_the_write_finish(
     # A timeout far past the hold: this is about the cancellation, not a write that timed out.
     with held_write(nvim, path), start_server(tmp_path, nvim, nvim_timeout=60) as alone:
         request = propose(alone, path, "x = 1\ny = 3\n", "cancelled while written")
-        shown(nvim)
-        nvim.command("write")
-        wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
-        alone.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
+        cancel_while_written(alone, nvim, request)
         # Answered after the cancellation was read: the call has heard it by then.
         assert not alone.call_tool("getOpenEditors", {}).get("isError")
         nvim.lua("vim.g.release = true")
@@ -648,6 +645,15 @@ def test_a_call_cancelled_while_its_accept_is_written_lets_the_write_finish(
         wait_until(lambda: tabs(nvim) == 1, "the view closed")
     assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
     assert diff_buffers(nvim) == []
+
+
+def cancel_while_written(server: StdioServer, nvim: NeovimProcess, request: int) -> None:
+    """The user accepts the shown proposal (:w), and the client cancels the call while the
+    accepted text is being written (held by `held_write`)."""
+    shown(nvim)
+    nvim.command("write")
+    wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
+    server.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
 
 
 def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_its_view_after_the_write(
@@ -661,10 +667,7 @@ def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_
     nvim.edit(path)
     with held_write(nvim, path), start_server(tmp_path, nvim, nvim_timeout=1) as alone:
         request = propose(alone, path, "x = 1\ny = 3\n", "timed out after a cancel")
-        shown(nvim)
-        nvim.command("write")
-        wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
-        alone.notify("notifications/cancelled", {"requestId": request, "reason": "the agent moved on"})
+        cancel_while_written(alone, nvim, request)
         # Finished after the view was asked to close (and Neovim answered, holding the write).
         command, events = last_diff(JournalReader(tmp_path / "journal.db"), "timed out after a cancel")
         assert (command["status"], [e["type"] for e in events]) == ("in_doubt", ["DiffProposed", "FileWriteInDoubt"])
