@@ -4,6 +4,7 @@ and leaves nothing behind; the others work."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,6 +82,7 @@ async def test_reading_and_saving_work_and_a_reload_it_needs_is_refused_clearly(
         assert (saved["saved"], a.read_text(), nvim.modified(a)) == (True, "x = 2\n", False)
         # Changed on disk: the unmodified buffer would be reloaded before the save, which waits.
         a.write_text("x = 3\n")
+        os.utime(a, (a.stat().st_atime, a.stat().st_mtime + 10))  # past any clock's grain, as elsewhere
         refused = json_of(await client.call_tool("saveDocument", {"filePath": str(a)}))
         assert refused["saved"] is False and a.read_text() == "x = 3\n"
         assert refused["message"].startswith("Failed to save: the file changed on disk")
