@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -58,11 +59,21 @@ class NeovimProcess:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        while not os.path.exists(self.address):
+        while not self._listening():
             assert time.monotonic() < deadline, "Neovim did not start"
             time.sleep(0.01)
         self._calls = queue.SimpleQueue()
         threading.Thread(target=self._serve, args=(self._calls,), daemon=True).start()
+
+    def _listening(self) -> bool:
+        """Whether Neovim accepts on its socket: the file appears a moment before it does, and a
+        test's first connection then is refused (a loaded machine)."""
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(self.address)
+            except OSError:
+                return False
+        return True
 
     def _serve(self, calls: queue.SimpleQueue[Any]) -> None:
         nvim = self._attach()
