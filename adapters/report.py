@@ -192,6 +192,10 @@ def _accept_failed(data: dict[str, Any], blobs: dict[str, int]) -> str:
     return f"diff accepted, not saved: {data.get('message', data.get('reason'))}"
 
 
+def _accept_in_doubt(data: dict[str, Any], blobs: dict[str, int]) -> str:
+    return f"diff accepted, its write in doubt: the accepted text ({_kept_size(blobs, data.get('final_blob'))}) is kept"
+
+
 def _rejected(data: dict[str, Any], blobs: dict[str, int]) -> str:
     by = data.get("by")
     return "diff rejected by the user" if by in (None, "user") else f"diff closed by {by} (rejected)"
@@ -214,6 +218,7 @@ _EVENT_WORDS: dict[str, Callable[[dict[str, Any], dict[str, int]], str]] = {
     "DiffProposed": _proposed,
     "DiffAccepted": _accepted,
     "DiffAcceptFailed": _accept_failed,
+    "DiffAcceptInDoubt": _accept_in_doubt,
     "DiffRejected": _rejected,
     "ObservationSaved": _observation,
 }
@@ -266,6 +271,7 @@ _RECOVERABLE_KIND = {
     "DiffProposed": "proposal",
     "DiffRejected": "proposal, rejected",
     "DiffAcceptFailed": "accepted, not written",
+    "DiffAcceptInDoubt": "accepted, write in doubt",
 }
 
 

@@ -156,6 +156,15 @@ class DiffAcceptFailed(FileEvent, frozen=True, kw_only=True, tag="DiffAcceptFail
     message: str
 
 
+class DiffAcceptInDoubt(FileEvent, frozen=True, kw_only=True, tag="DiffAcceptInDoubt"):
+    """The user accepted a proposal, and its write is in doubt (beside its `FileWriteInDoubt`):
+    the text they accepted, as they left it, is kept, for the file may not hold it and the view
+    that did is closed. Its command stays `in_doubt`."""
+
+    tab_name: str
+    final_blob: str
+
+
 class DiffRejected(FileEvent, frozen=True, kw_only=True, tag="DiffRejected"):
     """The proposal was turned down, by the user or by closeAllDiffTabs/close_tab. Nothing was written."""
 
@@ -200,6 +209,7 @@ AnyEvent = (
     | DiffProposed
     | DiffAccepted
     | DiffAcceptFailed
+    | DiffAcceptInDoubt
     | DiffRejected
     | ObservationSaved
 )
@@ -218,6 +228,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         DiffProposed,
         DiffAccepted,
         DiffAcceptFailed,
+        DiffAcceptInDoubt,
         DiffRejected,
         ObservationSaved,
     )

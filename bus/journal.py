@@ -29,6 +29,7 @@ RECOVERABLE_FIELDS: dict[str, tuple[str, str]] = {
     # Every diff's proposal; the only text of one that ended undecided (Neovim gone, cancelled).
     "DiffProposed": ("proposed_blob", "the proposal shown to the user"),
     "DiffAcceptFailed": ("final_blob", "the text the user accepted, which could not be written"),
+    "DiffAcceptInDoubt": ("final_blob", "the text the user accepted, whose write is in doubt"),
 }
 
 

@@ -14,6 +14,7 @@ import anyio
 from toolbus.bus import (
     DiffAccepted,
     DiffAcceptFailed,
+    DiffAcceptInDoubt,
     DiffProposed,
     DiffRejected,
     EditorUnavailable,
@@ -108,7 +109,9 @@ async def _accept(
             else refusal_message("vim_error", staged.message, command.new_file_path)
         )
         await _failed(context, command, view, decision, staged.status, message)
-    attempt = await save_through_editor(context, view.path)
+    final = blob_hash(decision.text)
+    doubt = DiffAcceptInDoubt(path=view.path, tab_name=command.tab_name, final_blob=final)
+    attempt = await save_through_editor(context, view.path, also_in_doubt=(doubt,), also_kept={final: decision.text})
     if attempt.refusal is not None:
         reason = "vim_error" if attempt.refusal == "not_open" else attempt.refusal
         message = refusal_message(attempt.refusal, attempt.detail, command.new_file_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -149,15 +150,22 @@ class SaveAttempt:
         return text.removeprefix("\ufeff")
 
 
-async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAttempt:
+async def save_through_editor(
+    context: HandlerContext[Any],
+    path: str,
+    *,
+    also_in_doubt: tuple[Event, ...] = (),
+    also_kept: Mapping[str, bytes] | None = None,
+) -> SaveAttempt:
     """Save the buffer of `path` by saveDocument's rules: the replaced text durable before the
-    write, a disk change settled without a prompt, a buffer that keeps changing left alone."""
+    write, a disk change settled without a prompt, a buffer that keeps changing left alone.
+    `also_in_doubt` and `also_kept`: what else a write in doubt leaves in the journal."""
     editor = editor_of(context)
     for _ in range(WRITE_ATTEMPTS):
         target = await editor.inspect_save(path)
         if target.status != "ready":
             return SaveAttempt(target.path, target.status, target.message)
-        replaced = await _keep_replaced(context, target)
+        replaced = await _keep_replaced(context, target, also_in_doubt, also_kept)
         outcome = await _write(editor, target)
         context.if_in_doubt = ()
         if outcome.status == "saved" and outcome.after is not None:
@@ -173,14 +181,23 @@ async def save_through_editor(context: HandlerContext[Any], path: str) -> SaveAt
     return SaveAttempt(target.path, "busy")
 
 
-async def _keep_replaced(context: HandlerContext[Any], target: SaveTarget) -> str | None:
+async def _keep_replaced(
+    context: HandlerContext[Any],
+    target: SaveTarget,
+    also_in_doubt: tuple[Event, ...],
+    also_kept: Mapping[str, bytes] | None,
+) -> str | None:
     """Write ahead, with the disk text the write will replace: durable before the write, so a
     save is never a loss. Until Neovim answers, the write may or may not happen: if it ends in
     doubt, the journal says so under the file, with the text kept."""
-    kept = {} if target.before is None else {blob_hash(target.before): target.before}
-    replaced = next(iter(kept), None)
+    kept = dict(also_kept or {})
+    replaced = None
+    if target.before is not None:
+        replaced = blob_hash(target.before)
+        kept[replaced] = target.before
+    doubt = (FileWriteInDoubt(path=target.path, replaced_blob=replaced), *also_in_doubt)
     try:
-        await context.write_ahead(kept, if_in_doubt=(FileWriteInDoubt(path=target.path, replaced_blob=replaced),))
+        await context.write_ahead(kept, if_in_doubt=doubt)
     except JournalUnavailable as error:
         # The journal's words say what it did; these, what the save did.
         raise JournalUnavailable(f"{error}. {target.path} was not saved: it is unchanged") from error

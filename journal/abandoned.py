@@ -17,14 +17,16 @@ from typing import NamedTuple
 
 import msgspec
 
-from toolbus.bus import Event, FileWriteInDoubt, TabCloseInDoubt
+from toolbus.bus import DiffAcceptInDoubt, Event, FileWriteInDoubt, TabCloseInDoubt
 from toolbus.bus.events import EVENT_TYPES, decode_event, encode_event_data
 
 log = logging.getLogger(__name__)
 
 # The only events a settle appends: what an action in doubt may have done to a file. Anything
 # else in a row's `pending` (written by hand, or by a newer toolbus) is left alone.
-SETTLED_TYPES: frozenset[str] = frozenset(cls.type_name() for cls in (FileWriteInDoubt, TabCloseInDoubt))
+SETTLED_TYPES: frozenset[str] = frozenset(
+    cls.type_name() for cls in (FileWriteInDoubt, TabCloseInDoubt, DiffAcceptInDoubt)
+)
 # Field 22 of /proc/PID/stat, the process's start in clock ticks after boot: the 20th after
 # the command name, which is in parentheses and may hold spaces.
 _STARTED_FIELD = 19

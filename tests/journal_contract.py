@@ -25,6 +25,7 @@ from toolbus.bus import (
     AuditQuery,
     Caller,
     CommandRecord,
+    DiffAcceptInDoubt,
     DiffProposed,
     DocumentSaved,
     Event,
@@ -105,7 +106,8 @@ HERE, ELSEWHERE = "workstation", "laptop"
 
 def begin_and_die(opener: Callable[[str], JournalWriter], location: str, agent: str = "claude") -> None:
     """A toolbus on HERE killed mid-action: a save about to write (its retry's text and event
-    replacing the first's), a close about to wipe, and one that finished; with, to be left
+    replacing the first's), a close about to wipe, an accepted diff's write, and a save that
+    finished; with, to be left
     alone, a command it said was of another machine and one whose pending event is not an
     action's doubt. No outcome is sent and nothing is closed, as after a kill -9."""
     here = Caller(agent=agent, department="platform", host=HERE)
@@ -121,6 +123,14 @@ def begin_and_die(opener: Callable[[str], JournalWriter], location: str, agent: 
         command_id = await writer.begin(close, durable=False)
         wipe = TabCloseInDoubt(path="/src/b.md", tab_name="b.md", discarded_blob=blob_hash(b"unsaved\n"))
         await writer.keep_blobs({blob_hash(b"unsaved\n"): b"unsaved\n"}, command_id=command_id, pending=[wipe])
+        accept = record("openDiff", {"new_file_path": "/src/d.py", "tab_name": "d"}, here)
+        command_id = await writer.begin(accept, durable=False)
+        final = blob_hash(b"accepted\n")
+        accepted = [
+            FileWriteInDoubt(path="/src/d.py", replaced_blob=None),
+            DiffAcceptInDoubt(path="/src/d.py", tab_name="d", final_blob=final),
+        ]
+        await writer.keep_blobs({final: b"accepted\n"}, command_id=command_id, pending=accepted)
         done = record("saveDocument", {"filePath": "/src/c.py"}, here)
         command_id = await writer.begin(done, pending=[FileWriteInDoubt(path="/src/c.py", replaced_blob=None)])
         await writer.finish(done, command_id, "failed", error="E212: Can't open file for writing")
@@ -243,7 +253,7 @@ class JournalContract:
             caller = Caller(agent="claude", department="platform", host=host)
             anyio.run(functools.partial(writer.begin, record("saveDocument", {}, caller), pending=[live]))
 
-        assert anyio.run(writer.settle_abandoned, HERE) == 2
+        assert anyio.run(writer.settle_abandoned, HERE) == 3
         assert anyio.run(writer.settle_abandoned, HERE) == 0
         reader = read()
         [save] = reader.history("/src/a.py", host=HERE)
@@ -256,10 +266,13 @@ class JournalContract:
         )
         assert recoverable(reader, save.event).content == b"retry\n"
         assert recoverable(reader, close.event).content == b"unsaved\n"
+        accepted, written = reader.history("/src/d.py", host=HERE)  # newest first
+        assert (written.event.type, accepted.event.type) == ("FileWriteInDoubt", "DiffAcceptInDoubt")
+        assert recoverable(reader, accepted.event).content == b"accepted\n"
         assert reader.history("/src/c.py") == reader.history("/src/live.py") == reader.history("/src/away.py") == []
         assert list(reader.events(["ObservationSaved"])) == []
         settled = [entry.error for entry in reader.audit(AuditQuery()) if entry.events]
-        assert settled == 2 * [f"the toolbus process (pid {dead.pid}) ended before recording this command's outcome"]
+        assert settled == 3 * [f"the toolbus process (pid {dead.pid}) ended before recording this command's outcome"]
 
     def test_writers_in_several_processes_share_one_gapless_order(
         self, location: str, read: Callable[[], JournalReader]

@@ -670,11 +670,46 @@ def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_
         cancel_while_written(alone, nvim, request)
         # Finished after the view was asked to close (and Neovim answered, holding the write).
         command, events = last_diff(JournalReader(tmp_path / "journal.db"), "timed out after a cancel")
-        assert (command["status"], [e["type"] for e in events]) == ("in_doubt", ["DiffProposed", "FileWriteInDoubt"])
+        assert command["status"] == "in_doubt"
+        assert [e["type"] for e in events] == ["DiffProposed", "FileWriteInDoubt", "DiffAcceptInDoubt"]
         nvim.lua("vim.g.release = true")
         wait_until(lambda: tabs(nvim) == 1, "the view closed")
     assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
     assert diff_buffers(nvim) == []
+
+
+def test_an_accept_whose_write_is_in_doubt_keeps_the_text_the_user_accepted(tmp_path: Path) -> None:
+    """The user edits the proposal and accepts; the write outlasts the timeout, then Neovim dies
+    before it is done. The file never got the text, and the view that held it is gone: the
+    journal keeps it, under the file, for `toolbus recover`."""
+    nvim = NeovimProcess(tmp_path / "nvim")
+    path = tmp_path / "a.py"
+    path.write_text("x = 1\n")
+    try:
+        nvim.edit(path)
+        nvim.lua(HOLD_WRITE, str(path))
+        with start_server(tmp_path, nvim, nvim_timeout=1) as alone:
+            request = propose(alone, path, "x = 2\n", "in doubt")
+            shown(nvim)
+            nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, {'x = 2', 'edited = True'})")
+            nvim.command("write")
+            result = alone.wait_for(request, deadline=10)
+            assert result["isError"] and "outcome is unknown" in texts(result)[0]
+            nvim.kill()
+    finally:
+        nvim.kill()
+    assert path.read_text() == "x = 1\n"
+    journal = JournalReader(tmp_path / "journal.db")
+    command, events = last_diff(journal, "in doubt")
+    assert command["status"] == "in_doubt"
+    assert [e["type"] for e in events] == ["DiffProposed", "FileWriteInDoubt", "DiffAcceptInDoubt"]
+    kept = events[-1]["position"]
+    assert toolbus_cli(journal, "recover", str(kept)) == "x = 2\nedited = True\n"
+    assert f"@{kept}" in (history := toolbus_cli(journal, "history", str(path)))
+    assert "diff accepted, its write in doubt: the accepted text (20 B) is kept" in history
+    assert "20 B accepted, write in doubt" in history
+    sql = "SELECT recoverable_blob, recoverable_bytes FROM file_history WHERE position = ?"
+    assert journal.rows(sql, kept) == [{"recoverable_blob": events[-1]["data"]["final_blob"], "recoverable_bytes": 20}]
 
 
 def test_neovim_gone_while_waiting_is_an_error(root: Path, tmp_path: Path) -> None:

@@ -431,14 +431,17 @@ def test_an_agent_settles_what_its_own_dead_process_was_doing_and_no_one_else_ca
         dead.join(timeout=120)
         assert dead.exitcode == 0
         assert anyio.run(carol.settle_abandoned, HERE) == 0
-        assert anyio.run(alice.settle_abandoned, HERE) == 2
+        assert anyio.run(alice.settle_abandoned, HERE) == 3
     finally:
         alice.close()
         carol.close()
     in_doubt = admin_rows(
         team, "SELECT e.type, e.agent FROM events AS e JOIN commands AS c ON c.id = e.command_id ORDER BY e.position"
     )
-    assert in_doubt == [("FileWriteInDoubt", team.roles["alice"]), ("TabCloseInDoubt", team.roles["alice"])]
+    assert in_doubt == [
+        (kind, team.roles["alice"])
+        for kind in ("FileWriteInDoubt", "TabCloseInDoubt", "FileWriteInDoubt", "DiffAcceptInDoubt")
+    ]
 
 
 def test_a_team_journal_without_the_pending_column_works_until_init_adds_it(team: Team) -> None:

@@ -85,6 +85,7 @@ def _memory_tables(db: sqlite_utils.Database) -> None:
 _RECOVERABLE = """CASE e.type
            WHEN 'DiffRejected' THEN json_extract(e.data, '$.proposed_blob')
            WHEN 'DiffAcceptFailed' THEN json_extract(e.data, '$.final_blob')
+           WHEN 'DiffAcceptInDoubt' THEN json_extract(e.data, '$.final_blob')
            ELSE coalesce(json_extract(e.data, '$.replaced_blob'), json_extract(e.data, '$.discarded_blob'))
        END"""
 
@@ -188,6 +189,11 @@ def _pending(db: sqlite_utils.Database) -> None:
     db["commands"].add_column("pending", str)  # type: ignore[union-attr]
 
 
+def _accept_in_doubt_history(db: sqlite_utils.Database) -> None:
+    """`file_history` names the text a user accepted whose write is in doubt."""
+    _diff_history(db)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_core,
     _memory_tables,
@@ -199,6 +205,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _audience_table,
     _audience_trigger,
     _pending,
+    _accept_in_doubt_history,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
