@@ -45,15 +45,20 @@ BUSY = (
 )
 # "E45: 'readonly' option is set (add ! to override)" -> "E45: 'readonly' option is set"
 _VIM_ERROR = re.compile(r"(E\d+: .*?)(?: \(add ! to override\))?$", re.MULTILINE)
-# How a Lua error without a Vim code reached toolbus, up to the last "Error executing lua": a
-# Vim command's, then a Lua autocmd's such as a formatter's BufWritePre ('...nvim_exec2()[1]..
-# BufWritePre Autocommands for "*": Vim(append):Error executing lua callback: '); then where in
-# Lua it was raised: `[string "<nvim>"]:744: ` or `x.lua:12: `; then `nvim_exec2()[1]..`, Vim's
-# note that the error came through toolbus's own `vim.cmd` (a plugin's autocmd failing in it).
+# What wraps an error's own words (a formatter's message), as many as there are, in any order:
+# "Error executing lua" up to the last (a Vim command's, a Lua autocmd's '...Error executing lua
+# callback: ', a `:lua` autocmd's 'E5108: Error executing lua '); where in Lua it was raised
+# (`[string "<nvim>"]:744: `, `x.lua:12: `); `nvim_exec2()[1]..`, Vim's note that it came through
+# toolbus's own `vim.cmd`; and the Vim command that raised it, in an autocommand or not
+# ('BufWritePre Autocommands for "*": Vim(echoerr):').
 _LUA_WHERE = re.compile(
-    r'^(?:.*Error executing lua(?: callback)?:? )?(?:(?:\[string "[^"]*"\]|\S+\.lua):\d+: )?'
-    r"(?:nvim_exec2\(\)\[\d+\]\.\.)?"
+    r"^(?:.*Error executing lua(?: callback)?:? "
+    r'|(?:\[string "[^"]*"\]|\S+\.lua):\d+: '
+    r"|nvim_exec2\(\)\[\d+\]\.\."
+    r'|(?:[^:"]*Autocommands for "[^"]*": )?Vim\(\w+\):)*'
 )
+# Neovim's codes for "a Lua error": the words after them are Lua's, to be read as above.
+_LUA_ERROR = "Error executing lua"
 
 
 class OpenEditors(msgspec.Struct, frozen=True):
@@ -290,8 +295,9 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
 
 def vim_error(message: str) -> str:
     """A Vim error as `Exxx: text`, without the Lua traceback or Vim's `(add ! to override)`;
-    one without a code as its first line, without where in Lua it was raised."""
-    if match := _VIM_ERROR.search(message):
+    a Lua error, or one without a code, as its first line without where it was raised."""
+    match = _VIM_ERROR.search(message)
+    if match and _LUA_ERROR not in match[1]:
         return match[1]
-    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = match[1] if match else message.strip().split("\n", 1)[0]
     return _LUA_WHERE.sub("", first, count=1) or "unknown error"
