@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import signal
+import time
 from typing import Any, cast
 
 import anyio
@@ -23,10 +24,11 @@ from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
 
-# A call waiting for a person (openDiff) sends a progress notification this often, when its
-# request carries a progressToken: clients reset their request timeout on each. The spec asks
-# for at least every 10 s. $TOOLBUS_PROGRESS_INTERVAL (seconds) overrides it, for tests.
-PROGRESS_INTERVAL = 10.0
+# A call waiting for a person (openDiff) sends a progress notification this often, counted from
+# its arrival, when its request carries a progressToken: clients reset their request timeout on
+# each. The spec asks for at least every 10 s: 9 leaves room for a busy loop and the client's
+# reading. $TOOLBUS_PROGRESS_INTERVAL (seconds) overrides it, for tests.
+PROGRESS_INTERVAL = 9.0
 
 
 def progress_interval() -> float:
@@ -94,6 +96,7 @@ def build_server(
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        arrived = time.monotonic()
         caller = _caller(ctx, agent, department, session_id, host, from_login)
         # Progress reports start only for a call that goes on to wait for a person: a task group
         # per call would cost every call, on the hot path, for the one tool that waits.
@@ -104,7 +107,9 @@ def build_server(
             if ctx.request_id is not None:
                 arrivals.left(ctx.request_id)
             if (token := _progress_token(ctx)) is not None:
-                reporters.append(asyncio.get_running_loop().create_task(_report_progress(ctx, token, interval)))
+                reporters.append(
+                    asyncio.get_running_loop().create_task(_report_progress(ctx, token, arrived, interval))
+                )
 
         try:
             async with arrivals.turn(ctx.request_id) as its_turn:
@@ -127,12 +132,13 @@ def _progress_token(ctx: ServerRequestContext[Any]) -> str | int | None:
     return token if isinstance(token, str | int) and not isinstance(token, bool) else None
 
 
-async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, interval: float) -> None:
-    """A progress notification every `interval` seconds until cancelled: the call is waiting."""
+async def _report_progress(ctx: ServerRequestContext[Any], token: str | int, arrived: float, interval: float) -> None:
+    """A progress notification every `interval` seconds after the call `arrived` (monotonic
+    clock) until cancelled: the call is waiting. Due times do not drift with the sends."""
     ticks = 0
     while True:
-        await anyio.sleep(interval)
         ticks += 1
+        await anyio.sleep(max(0.0, arrived + ticks * interval - time.monotonic()))
         try:
             await ctx.session.send_progress_notification(
                 token,

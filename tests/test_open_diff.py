@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import JournalReader, NeovimProcess
 from tests.rpc_client import StdioServer, clean_env, toolbus_argv
 
-PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 10 s
+PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 9 s
 
 
 @pytest.fixture(scope="module")
