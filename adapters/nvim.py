@@ -380,7 +380,7 @@ class NvimEditor:
         self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
         self._diffs: dict[str, _Diff] = {}  # open views by id
-        self._diff_tabs: dict[str, None] = {}  # names of every view opened, oldest first
+        self._diff_tabs: dict[str, None] = {}  # names of views opened, oldest first, until cleaned up
         self._name = secrets.token_hex(8)  # this toolbus, to Neovim's selection tracking
 
     # Editor protocol
@@ -500,8 +500,11 @@ class NvimEditor:
             self._session.notify("nvim_exec_lua", _lua_notification("diff_close_orphans"), ())
         return len(closing)
 
-    def diff_tab_known(self, tab_name: str) -> bool:
-        return tab_name in self._diff_tabs
+    def forget_diff_tab(self, tab_name: str) -> bool:
+        if tab_name not in self._diff_tabs:
+            return False
+        del self._diff_tabs[tab_name]
+        return True
 
     def _heard(self, method: str, args: list[Any]) -> None:
         """A notification from Neovim: a decision on a diff view."""

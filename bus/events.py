@@ -99,7 +99,8 @@ class TabCloseSkipped(Event, frozen=True, kw_only=True, tag="TabCloseSkipped"):
 
     tab_name: str
     # busy: it kept changing while being closed; diff_closed: the name is a diff view's (closed
-    # already), never a file buffer's, as agents close their diffs by name when done.
+    # already), and this close its clean-up (agents close their diffs by name when done), never
+    # a file buffer's.
     reason: Literal["not_found", "ambiguous", "busy", "diff_closed"]
     candidates: list[str] = []
 

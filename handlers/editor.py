@@ -247,13 +247,14 @@ def refusal_message(reason: Refusal, detail: str, file_path: str) -> str:
 
 async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
     editor = editor_of(context)
-    # A diff view's name closes that view (rejecting it if it waits), and never a file buffer
-    # whose name happens to end the same way: agents close their diffs by name when done.
+    # A diff view's name closes that view (rejecting it if it waits), and its clean-up (agents
+    # close their diffs by name when done) never a file buffer whose name happens to end the
+    # same way. A close_tab of that name after the clean-up is a file's again.
     if editor.diff_waiting(command.tab_name):
         await context.write_ahead()  # rejecting a waiting diff is a decision, made in the editor
     if await editor.close_diffs(command.tab_name, "close_tab"):
         return TAB_CLOSED
-    if editor.diff_tab_known(command.tab_name):
+    if editor.forget_diff_tab(command.tab_name):
         await context.commit(TabCloseSkipped(tab_name=command.tab_name, reason="diff_closed"))
         return TAB_CLOSED
     expanded = os.path.expanduser(command.tab_name)  # a bare name is matched as typed

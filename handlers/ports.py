@@ -259,9 +259,10 @@ class Editor(Protocol):
         """Reject and close the undecided views named `tab_name` (all, for None); how many."""
         ...
 
-    def diff_tab_known(self, tab_name: str) -> bool:
-        """Whether `tab_name` named a diff view since toolbus started (close_tab then closes
-        no file buffer that happens to match it)."""
+    def forget_diff_tab(self, tab_name: str) -> bool:
+        """Whether `tab_name` named a diff view since toolbus started that no close_tab has
+        named since (the agent's clean-up after the diff, which then closes no file buffer
+        that happens to match it). The name is forgotten: the next close_tab of it is a file's."""
         ...
 
     def disconnect(self) -> None:

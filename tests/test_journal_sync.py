@@ -289,7 +289,7 @@ class FakeEditor:
     async def close_diffs(self, tab_name: str | None, by: str) -> int:
         return 0  # no diff views: close_tab goes on to the file's buffer
 
-    def diff_tab_known(self, tab_name: str) -> bool:
+    def forget_diff_tab(self, tab_name: str) -> bool:
         return False
 
     def diff_waiting(self, tab_name: str) -> bool:

@@ -530,6 +530,11 @@ def test_close_tab_with_the_diffs_name_rejects_it(
     assert (skipped["data"]["tab_name"], skipped["data"]["reason"]) == ("a.py", "diff_closed")
     audit = toolbus_cli(journal, "audit", "--tool", "close_tab", "--limit", "1")
     assert "closed nothing: the name is a diff view's, closed already" in audit
+    # That was the clean-up: the name is a file's again.
+    assert texts(server.call_tool("close_tab", {"tab_name": "a.py"})) == ["TAB_CLOSED"]
+    assert str(path) not in nvim.buffer_names()
+    [closed_file] = journal.events("TabClosed")
+    assert closed_file["data"]["path"] == str(path)
 
 
 def test_an_accepted_proposal_never_lands_in_a_plugins_buffer_named_like_the_file(
