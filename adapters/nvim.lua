@@ -1004,6 +1004,9 @@ end
 -- rejects.
 
 local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided }
+-- Ids of views asked to close when they were not open: one still opening is taken down when
+-- it is (a few bytes for each id closed twice, for a Neovim session).
+local closed_early = {}
 
 -- `text` as buffer lines, whether it ends with a line break, and its 'fileformat': 'dos' when
 -- every line break in it is CRLF, 'mac' when every one is CR (its lines then hold no CR); nil
@@ -1187,6 +1190,14 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
       vim.wo[right].winbar = line_break_note(current, written_format(path, proposed_format))
     end)
   end
+  -- A plugin's autocmd that waited (vim.wait, input()) let Neovim answer other requests while
+  -- this one ran: toolbus may have given up on it, dropped its connection and asked to close
+  -- the view before it existed. Nobody would hear its decision: take it down now.
+  if closed_early[id] or next(api.nvim_get_chan_info(chan)) == nil then
+    closed_early[id] = nil
+    M.diff_close(id)
+    return { status = 'refused', message = 'toolbus gave up on the view while it opened' }
+  end
   return { status = 'open', path = resolved, shown = shown }
 end
 
@@ -1273,6 +1284,7 @@ end
 function M.diff_close(id)
   local view = diffs[id]
   if not view then
+    closed_early[id] = true -- if it is still opening, M.diff_open takes it down when done
     return false
   end
   local closing = view.staged and writing[view.staged.buf]

@@ -20,7 +20,7 @@ from tests.faults_helpers import assert_reachable, assert_sound, journal_state, 
 from tests.rpc_client import StdioServer, clean_env, toolbus_argv
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
-from toolbus.bus import EditorTimeout, EditorUnavailable
+from toolbus.bus import EditorTimeout, EditorUnavailable, ToolbusError
 from toolbus.bus.messagebus import CANCELLED
 from toolbus.handlers.ports import DiffRequest
 
@@ -341,5 +341,33 @@ async def test_a_view_whose_close_timed_out_closes_once_neovim_is_free(
                 await anyio.sleep(0.01)
             await anyio.sleep(1)  # nothing asked of it meanwhile: a request given up on is dropped
             wait_until(lambda: nvim.lua("return #vim.api.nvim_list_tabpages()") == 1, timeout=GENEROUS / 2)
+    finally:
+        editor.disconnect()
+
+
+async def test_a_view_toolbus_gave_up_on_while_a_plugin_waited_in_its_opening_is_taken_down(
+    nvim: NeovimProcess, files: Path
+) -> None:
+    """A plugin's autocmd that waits (vim.wait) as the view opens lets Neovim answer other
+    requests meanwhile: the open times out, toolbus asks on a new connection to close a view
+    that does not exist yet, and drops the old one. The view, once open, would wait for ever
+    on a channel nobody reads: it is taken down instead."""
+    path = files / "a.py"
+    path.write_text("a\n")
+    # Once the wait is over, a flag set when Neovim is next free: after the view's opening ended.
+    nvim.command(
+        "autocmd FileType python ++once lua vim.wait(2000, function() return false end)"
+        " vim.schedule(function() vim.g.opening_ended = true end)"
+    )
+    editor = NvimEditor(lambda: NvimAddress(nvim.address, "--nvim"), timeout=0.5)
+    try:
+        with anyio.fail_after(GENEROUS):
+            request = DiffRequest(path=str(path), old_path=str(path), text=b"proposed\n", tab_name="waited")
+            with pytest.raises(ToolbusError):
+                await editor.open_diff(request)
+            wait_until(lambda: nvim.lua("return vim.g.opening_ended"), timeout=GENEROUS / 2)
+            assert nvim.lua("return #vim.api.nvim_list_tabpages()") == 1
+            names = nvim.lua("return vim.tbl_map(vim.api.nvim_buf_get_name, vim.api.nvim_list_bufs())")
+            assert not [name for name in names if name.startswith("toolbus://")]
     finally:
         editor.disconnect()
