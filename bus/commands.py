@@ -6,7 +6,6 @@ Decoding a tool's arguments into its Struct *is* the argument check (see `decode
 from __future__ import annotations
 
 import os
-import unicodedata
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
 from urllib.parse import unquote, urlsplit
@@ -69,10 +68,26 @@ def typed_path(value: str) -> str:
     return os.path.abspath(os.path.expanduser(value))
 
 
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt, which Python does not
+# expose): characters a font shows as nothing. Format characters that show (U+06DD ARABIC END
+# OF AYAH, the Egyptian controls) are not among them; the Hangul fillers, which show as space, are.
+_IGNORABLE = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+    (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+
+
+def _shows_nothing(char: str) -> bool:
+    code = ord(char)
+    return char.isspace() or any(low <= code <= high for low, high in _IGNORABLE)
+
+
 def blank(text: str) -> bool:
-    """Whether `text` shows nothing: only whitespace and invisible format characters (a
-    zero-width space, a byte order mark), which no word is made of."""
-    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
+    """Whether `text` shows nothing: only whitespace and characters a font draws as nothing (a
+    zero-width space, a byte order mark, a soft hyphen), which no word is made of."""
+    return all(_shows_nothing(char) for char in text)
 
 
 def without_nul(field: str, value: str) -> str:

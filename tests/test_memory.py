@@ -19,6 +19,7 @@ from mcp import Client
 
 from tests.conftest import JournalReader, json_of, text_of, toolbus
 from toolbus.bus import Caller, CommandRecord, ObservationSaved
+from toolbus.bus.commands import blank
 from toolbus.journal import SqliteJournal
 
 pytestmark = pytest.mark.anyio
@@ -629,3 +630,21 @@ async def test_two_servers_saving_into_one_journal_lose_nothing(journal_path: Pa
         reply = await call(client, "search", query="concurrent save", limit=100)
         assert (sorted(ids(reply)), reply["total"]) == (saved_ids, 2 * per_server)
         assert (await call(client, "search", query="left", limit=100))["total"] == per_server
+
+
+@pytest.mark.parametrize(
+    ("text", "shows_nothing"),
+    [
+        ("", True),
+        (" \t\n\u3000\u00a0", True),
+        ("\u200b\u200d\ufeff\u00ad\u2060", True),  # zero-width, byte order mark, soft hyphen
+        ("\u3164\uffa0", True),  # Hangul fillers, drawn as space
+        ("\ufe0f", True),  # a variation selector alone
+        ("\u06dd", False),  # ARABIC END OF AYAH: a format character that shows
+        ("\U00013430", False),  # an Egyptian hieroglyph format control
+        ("\u2800", False),  # BRAILLE PATTERN BLANK: a character of its own
+        ("\u200ba", False),
+    ],
+)
+def test_blank_means_shows_nothing(text: str, shows_nothing: bool) -> None:
+    assert blank(text) is shows_nothing
