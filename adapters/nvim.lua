@@ -587,23 +587,31 @@ local function code_of(code)
   if type(code) == 'table' then
     code = code.value
   end
-  if code == nil or code == vim.NIL or type(code) == 'number' then
+  if code == nil or code == vim.NIL or (type(code) == 'number' and code == math.floor(code)) then
     return code
   end
   return type(code) == 'table' and vim.NIL or tostring(code)
+end
+
+-- A diagnostic's text, as text whatever a plugin put there (a number, say).
+local function text_or_nil(value)
+  if value == nil or value == vim.NIL or type(value) == 'string' then
+    return value
+  end
+  return tostring(value)
 end
 
 local function diagnostics_of(buf)
   local found = {}
   for i, item in ipairs(vim.diagnostic.get(buf)) do
     found[i] = {
-      message = item.message,
+      message = text_or_nil(item.message) or '',
       severity = SEVERITY[item.severity] or 'Error',
       range = {
         start = position(buf, item.lnum, item.col),
         ['end'] = position(buf, item.end_lnum or item.lnum, item.end_col or item.col),
       },
-      source = item.source,
+      source = text_or_nil(item.source),
       code = code_of(item.code),
     }
   end
@@ -659,6 +667,7 @@ local function is_main(win)
     and vim.bo[api.nvim_win_get_buf(win)].buftype == ''
     and not vim.wo[win].previewwindow
     and not vim.wo[win].winfixbuf
+    and not vim.wo[win].diff -- the user's own :diffsplit, which a file put there would break
 end
 
 -- A window that can show `target` without a prompt or E37: it does already, or its own buffer
@@ -802,8 +811,19 @@ end
 -- makeFrontmost false only load it.
 function M.open_file(path, ask)
   local stat = vim.uv.fs_stat(path)
-  if not (stat and stat.type ~= 'directory') and not find_open(path) then
-    return { status = stat and 'directory' or 'not_found' }
+  if not find_open(path) then
+    if not (stat and stat.type ~= 'directory') then
+      return { status = stat and 'directory' or 'not_found' }
+    end
+    -- Reading a FIFO or a device would block Neovim (or read for ever); an unreadable file
+    -- would load as an empty buffer, taken for an empty file.
+    if stat.type ~= 'file' then
+      return { status = 'refused', message = ('it is not a regular file (a %s)'):format(stat.type) }
+    end
+    local readable, err = vim.uv.fs_access(path, 'R')
+    if not readable then
+      return { status = 'refused', message = 'Neovim cannot read it: ' .. (err or 'permission denied') }
+    end
   end
   if ask.makeFrontmost and in_cmdwin() then -- loading it alone changes no window
     return { status = 'refused', message = CMDWIN }

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -294,6 +295,10 @@ async def test_diagnostics_of_every_file_of_one_and_of_a_file_not_open(
     nvim.lua(SET_DIAGNOSTICS, str(b), [found[2] | {"code": eslint}, found[3] | {"code": {"what": 1}}])
     [of_b] = json_of(await client.call_tool("getDiagnostics", {"uri": b.as_uri()}))
     assert [d["code"] for d in of_b["diagnostics"]] == ["no-unused-vars", None]
+    # a plugin's numbers where text belongs, a fractional code: said as text, not a failed call
+    nvim.lua(SET_DIAGNOSTICS, str(b), [found[2] | {"message": 42, "source": 123, "code": 2.5}])
+    [of_b] = json_of(await client.call_tool("getDiagnostics", {"uri": b.as_uri()}))
+    assert [(d["message"], d["source"], d["code"]) for d in of_b["diagnostics"]] == [("42", "123", "2.5")]
     missing = await client.call_tool("getDiagnostics", {"uri": (files / "nowhere.py").as_uri()})
     assert missing.is_error
     assert text_of(missing) == f"Document not open: {(files / 'nowhere.py').as_uri()}"
@@ -457,6 +462,21 @@ async def test_open_file_of_a_missing_file_is_an_error(client: Client, nvim: Neo
     assert reply.is_error
     assert text_of(reply) == f"File not found: {files} is a directory"
     assert window_buffers(nvim) == [""]
+    os.mkfifo(fifo := files / "fifo")  # reading it would block Neovim until someone writes to it
+    for frontmost in (True, False):
+        reply = await client.call_tool("openFile", {"filePath": str(fifo), "makeFrontmost": frontmost})
+        assert reply.is_error
+        assert text_of(reply) == f"Cannot open {fifo}: it is not a regular file (a fifo)"
+    assert window_buffers(nvim) == [""]
+    assert not (await client.call_tool("getOpenEditors", {})).is_error  # Neovim is free
+
+
+async def test_open_file_leaves_the_users_own_diff_alone(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    (files / "c.txt").write_text("alpha beta\ngamma\n")
+    nvim.command(f"edit {files / 'b.txt'} | vertical diffsplit {files / 'c.txt'}")
+    reply = await client.call_tool("openFile", {"filePath": str(files / "a.py")})
+    assert text_of(reply) == f"Opened file: {files / 'a.py'}"
+    assert sorted(window_buffers(nvim)) == sorted(str(files / name) for name in ("a.py", "b.txt", "c.txt"))
 
 
 # --- closeAllDiffTabs, and the journal --------------------------------------------------------
