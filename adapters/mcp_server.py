@@ -20,6 +20,7 @@ from mcp.server.lowlevel import Server
 from toolbus.adapters.answering import arguments_as_sent
 from toolbus.adapters.arrival import ArrivalOrder
 from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
+from toolbus.bus.messagebus import without_lone_surrogates
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -41,12 +42,27 @@ def progress_interval() -> float:
 
 def render(reply: Reply) -> list[types.TextContent]:
     """A reply as the result's text items: plain strings as they are, several items each as it
-    is, everything else compact JSON."""
-    if isinstance(reply, TextItems):
-        texts = list(reply.items)
+    is, everything else compact JSON; what is not Unicode (a byte from Neovim that was not
+    UTF-8) as U+FFFD."""
+    if isinstance(reply, TextItems | str):
+        items = reply.items if isinstance(reply, TextItems) else (reply,)
+        texts = [without_lone_surrogates(text) for text in items]
     else:
-        texts = [reply if isinstance(reply, str) else _json.encode(reply).decode()]
+        try:
+            texts = [_json.encode(reply).decode()]
+        except UnicodeEncodeError:  # rare: spares every other reply the walk
+            texts = [_json.encode(_without_lone_surrogates(msgspec.to_builtins(reply))).decode()]
     return [types.TextContent(type="text", text=text) for text in texts]
+
+
+def _without_lone_surrogates(value: object) -> object:
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(key): _without_lone_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    return value
 
 
 def tool_of(command: type[Command]) -> types.Tool:

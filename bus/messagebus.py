@@ -325,6 +325,12 @@ def _field_with_lone_surrogate(args: Mapping[str, Any]) -> str | None:
     return next((name for name, value in args.items() if holds_lone_surrogate([name, value])), None)
 
 
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone surrogate (a byte Neovim gave that was not UTF-8: a Latin-1 file
+    name, say) as U+FFFD, so that a reply can carry it."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def printable(text: str) -> str:
     """`text` safe to put in a reply: lone surrogates as `\\udXXX` escapes."""
     return text.encode("utf-8", "backslashreplace").decode()

@@ -526,3 +526,26 @@ async def test_each_call_is_journaled_with_its_outcome(
     )
     assert rows[7]["error"] == f"File not found: {path}.missing"
     assert all(row["finished_at"] for row in rows)
+
+
+async def test_a_name_that_is_not_utf8_is_answered_with_a_replacement_character(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """A Latin-1 file name (and the folder Neovim is in): bytes no JSON can carry. Each tool
+    that names it answers, with U+FFFD in its place, instead of failing the call."""
+    folder = os.fsencode(files / "d") + b"\xe9"
+    os.mkdir(folder)
+    name = folder + b"/caf\xe9.txt"
+    with open(name, "wb") as file:
+        file.write(b"alpha\n")
+    nvim.lua(
+        "local folder, name = ... vim.cmd.cd(vim.fn.fnameescape(folder)) vim.cmd.edit(vim.fn.fnameescape(name))",
+        folder,
+        name,
+    )
+    shown = f"{files}/d\ufffd/caf\ufffd.txt"
+    [tab] = json_of(await client.call_tool("getOpenEditors", {}))["tabs"]
+    assert tab["label"] == "caf\ufffd.txt" and tab["uri"].lower().endswith("/d%e9/caf%e9.txt")  # a URI keeps the bytes
+    assert (await selection(client))["filePath"] == shown
+    folders = json_of(await client.call_tool("getWorkspaceFolders", {}))
+    assert folders["rootPath"] == f"{files}/d\ufffd"
