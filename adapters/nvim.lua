@@ -776,6 +776,11 @@ end
 -- window. Typed keys, not :normal (whose visual mode ends with it); from any mode, and after
 -- this request returns.
 local function select(mode, span)
+  if mode == 'v' and vim.o.selection == 'exclusive' then -- the end is the character after the last
+    local line = api.nvim_buf_get_lines(0, span[3] - 1, span[3], false)[1]
+    local after = vim.fn.byteidx(line, vim.fn.charidx(line, span[4] - 1) + 1)
+    span = { span[1], span[2], span[3], after >= 0 and after + 1 or #line + 1 }
+  end
   local keys = ('<C-\\><C-n><Cmd>call cursor(%d, %d)<CR>%s<Cmd>call cursor(%d, %d)<CR>'):format(
     span[1], span[2], mode, span[3], span[4])
   api.nvim_feedkeys(api.nvim_replace_termcodes(keys, true, false, true), 'n', false)

@@ -431,6 +431,14 @@ async def test_open_file_selects_from_start_text_to_end_text(client: Client, nvi
     assert text_of(reply) == f"Opened file: {path} (selected line 2; endText not found after startText)"
     wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "v")
     assert (await selection(client))["text"] == "gamma delta"
+    nvim.command("set selection=exclusive")  # the cursor's character is not in the selection
+    try:
+        for ask, text in (({"endText": "del"}, "beta\ngamma del"), ({"selectToEndOfLine": True}, "beta")):
+            await client.call_tool("openFile", {"filePath": path, "startText": "beta"} | ask)
+            wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "v")
+            assert (await selection(client))["text"] == text
+    finally:
+        nvim.command("set selection&")
     reply = await client.call_tool("openFile", {"filePath": path, "startText": "zeta", "endText": ""})
     assert text_of(reply) == f"Opened file: {path} (startText not found; nothing selected)"
     wait_for(nvim, lambda n: n.api.get_mode()["mode"] == "n")  # as it says: the last one is gone
