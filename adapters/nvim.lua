@@ -1369,11 +1369,38 @@ end
 -- Selection tracking, for getLatestSelection: whenever the user leaves visual mode in a file
 -- buffer, remember what was selected. Neovim has set the '< and '> marks by then; but an
 -- operator that ends visual mode (`y`) has moved the cursor, and so forgotten a `$` (see
--- at_line_ends): that is noted before each key while visual mode lasts.
+-- at_line_ends): that is noted before each key while visual mode lasts. An operator that
+-- changes the text (`d`, `c`, `>`, `gU`) has changed what the marks point at, or removed it:
+-- the selection as it stood before that key is noted too, up to SNAPSHOT_LINES lines (each
+-- key in visual mode reads it).
+local SNAPSHOT_LINES = 10000
 local selected_to_line_ends = false
+local before_key = nil -- { buf, tick, selection? } before the latest key in visual mode
 local visual_keys = api.nvim_create_namespace(NAME .. '_visual_keys')
-local function note_line_ends()
+local function note_visual()
   selected_to_line_ends = at_line_ends()
+  local buf = api.nvim_get_current_buf()
+  before_key = { buf = buf, tick = api.nvim_buf_get_changedtick(buf) }
+  local from, to = vim.fn.getpos('v'), vim.fn.getpos('.')
+  if is_file_buffer(buf) and math.abs(to[2] - from[2]) < SNAPSHOT_LINES then
+    local mode = api.nvim_get_mode().mode:sub(1, 1)
+    local ok, found = pcall(region, buf, mode, from, to, selected_to_line_ends)
+    before_key.selection = ok and found or nil
+  end
+end
+
+-- What was selected in `buf` when visual mode ended: read at the marks, or, if the key that
+-- ended it changed the text, as it stood before that key (nothing if that is not known).
+local function visual_ended(buf, to_line_ends)
+  local noted = before_key
+  before_key = nil
+  if noted and noted.buf == buf and noted.tick ~= api.nvim_buf_get_changedtick(buf) then
+    return noted.selection -- nil if it was too long to note
+  end
+  local from, to = vim.fn.getpos("'<"), vim.fn.getpos("'>")
+  -- Never an error in the user's face for a selection toolbus could not read.
+  local ok, found = pcall(region, buf, vim.fn.visualmode(), from, to, to_line_ends)
+  return ok and found or nil
 end
 
 api.nvim_create_autocmd('ModeChanged', {
@@ -1381,19 +1408,15 @@ api.nvim_create_autocmd('ModeChanged', {
   callback = function(args)
     local was, now = vim.v.event.old_mode:sub(1, 1), vim.v.event.new_mode:sub(1, 1)
     if VISUAL[now] and not VISUAL[was] then
-      note_line_ends()
-      vim.on_key(note_line_ends, visual_keys) -- only while it lasts: every key would pay for it
+      note_visual()
+      vim.on_key(note_visual, visual_keys) -- only while it lasts: every key would pay for it
     elseif VISUAL[was] and not VISUAL[now] then
       vim.on_key(nil, visual_keys)
       local to_line_ends = selected_to_line_ends or at_line_ends() -- noted, or still as it was
       selected_to_line_ends = false
-      if is_file_buffer(args.buf) then
-        local from, to = vim.fn.getpos("'<"), vim.fn.getpos("'>")
-        -- Never an error in the user's face for a selection toolbus could not read.
-        local ok, found = pcall(region, args.buf, vim.fn.visualmode(), from, to, to_line_ends)
-        if ok and found then
-          latest, selections = found, selections + 1
-        end
+      local found = is_file_buffer(args.buf) and visual_ended(args.buf, to_line_ends)
+      if found then
+        latest, selections = found, selections + 1
       end
     end
   end,

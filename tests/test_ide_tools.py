@@ -211,6 +211,31 @@ async def test_the_latest_selection_outlives_visual_mode_and_the_buffer(
     assert (await selection(client, "getLatestSelection"))["text"] == "de"
 
 
+async def test_a_selection_an_operator_changed_is_the_latest_as_it_was_selected(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """`d`, `gU` and `>` end visual mode having changed what the marks point at: the latest
+    selection is the text the user selected, where it was, not what is there now."""
+    nvim.edit(files / "b.txt")
+    user_types(nvim, "gg0ve", "v")
+    user_types(nvim, "<Esc>")
+    user_types(nvim, "gg0wve", "v")
+    user_types(nvim, "d")
+    latest = await selection(client, "getLatestSelection")
+    assert (latest["text"], latest["selection"]) == ("beta", span((0, 6), (0, 10)))
+    assert nvim.lines(files / "b.txt")[0] == "alpha "
+    user_types(nvim, "2G0ve", "v")
+    user_types(nvim, "gU")
+    assert (await selection(client, "getLatestSelection"))["text"] == "gamma"
+    user_types(nvim, "ggVj", "V")
+    user_types(nvim, ">")
+    assert (await selection(client, "getLatestSelection"))["text"] == "alpha \nGAMMA delta"
+    user_types(nvim, "u")  # undone: a yank after it reads the marks, as ever
+    user_types(nvim, "3G0ve", "v")
+    user_types(nvim, "y")
+    assert (await selection(client, "getLatestSelection"))["text"] == "epsilon"
+
+
 async def test_a_toolbus_is_shown_no_selection_made_before_it_connected(
     client: Client, nvim: NeovimProcess, files: Path, tmp_path: Path
 ) -> None:
