@@ -48,7 +48,8 @@ def add_journal_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _team_url(text: str) -> str:
     if not is_postgres_url(text):
-        raise ValueError(f"URL: expected a postgresql://USER@HOST/DATABASE URL, got {not_a_file(text) or repr(text)}")
+        got = not_a_file(text) or repr(text)  # repr only of text in no way a URL: it holds no password
+        raise ValueError(f"URL: expected a postgresql://USER@HOST/DATABASE URL, got {got}")
     return postgres_url(text)
 
 

@@ -116,6 +116,9 @@ def test_serve_says_a_directory_is_not_a_journal(tmp_path: Path) -> None:
         (" postgresql://alice:s3cret@db.example/team", "a URL"),  # a blank before it
         ("postgresql:/alice:s3cret@db.example/team", "a URL"),  # one slash
         ("postgresl://alice:123/s3cret@db.example/team", "a URL"),  # a password with a slash
+        ("postgresql//alice:s3cret@db.example/team", "a URL"),  # the colon left out
+        ("//alice:s3cret@db.example/team", "a URL"),  # the scheme left out
+        ("postgresql;//alice:s3cret@db.example/team", "a URL"),
         ("host=db.example password=s3cret dbname=team", "a key=value connection string"),
     ],
 )
@@ -129,7 +132,9 @@ def test_a_mistyped_team_url_is_refused_not_made_a_file_and_its_password_never_s
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("location", ["user=alice.db", "notes port=1.db", "odd=name.db"])
+@pytest.mark.parametrize(
+    "location", ["user=alice.db", "notes port=1.db", "odd=name.db", "postgres.db", "postgresql-journal.db"]
+)
 def test_a_file_name_with_an_equals_sign_is_still_a_journal_file(tmp_path: Path, location: str) -> None:
     assert journal_location(location, {}) == Path(location)
 
