@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings, add_settings_arguments, settings_from, this_host, version
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     command = f"toolbus {args.command}"
+    settings: Settings | None = None
     try:
         settings = settings_from(args)
         runner: Runner = args.run
@@ -67,6 +69,29 @@ def _run(args: argparse.Namespace) -> int:
         return _no_room(command, error)
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        if settings is None or (words := _journal_failure(error, settings.journal)) is None:
+            raise
+        print(f"{command}: {for_terminal(words)}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _journal_failure(error: Exception, journal: Path | str) -> str | None:
+    """toolbus's words for a database error met while a command read the journal (a damaged
+    file; a team journal's server gone, or a lock it waited for, mid-read); None for another."""
+    import sqlite3
+
+    if isinstance(error, sqlite3.DatabaseError) and isinstance(journal, Path):
+        from toolbus.journal.sqlite.store import explain_sqlite
+
+        return explain_sqlite(journal, error)
+    psycopg = sys.modules.get("psycopg")  # loaded if the command reached a team journal
+    if psycopg is not None and isinstance(error, psycopg.Error) and isinstance(journal, str):
+        from toolbus.journal.location import shown
+        from toolbus.journal.postgres.store import reason
+
+        return f"the team journal at {shown(journal)} failed: {reason(error)}"
+    return None
 
 
 def _flush_stdout(code: int, command: str) -> int:

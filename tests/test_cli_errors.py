@@ -6,13 +6,17 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests.journal_contract import observation, record
 from tests.journal_helpers import Run, cli
 from toolbus.adapters.config import journal_location
+from toolbus.bus import Caller
 from toolbus.journal import SqliteJournal
+from toolbus.journal.rows import Outcome
 
 # Every journal command, as `(journal path) -> arguments`.
 COMMANDS: dict[str, Callable[[Path], list[str]]] = {
@@ -380,3 +384,24 @@ def test_a_full_disk_under_stdout_is_one_line(
         run = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, timeout=60, text=True, env=env)
     who = "toolbus" if command == ["--help"] else f"toolbus {command[0]}"
     assert (run.returncode, run.stderr) == (1, f"{who}: cannot write its output: No space left on device\n")
+
+
+def test_a_damaged_journal_is_said_in_one_line_by_every_command_that_reads_it(tmp_path: Path) -> None:
+    """A journal cut short (a disk that failed, a copy stopped half way): its header reads
+    well, its pages do not. No traceback, and nothing written."""
+    path = tmp_path / "journal.db"
+    journal = SqliteJournal(path)
+    try:
+        caller = Caller(agent="claude", department="platform")
+        notes = [observation(f"note {i}", "words " * 400, caller=caller) for i in range(100)]
+        outcomes = [Outcome(record("save", caller=caller), "ok", events=[note]) for note in notes]
+        journal.run_sync(partial(journal.record_many_sync, outcomes=outcomes))
+    finally:
+        journal.close()
+    with open(path, "r+b") as file:
+        file.truncate(8192)
+    before = snapshot(tmp_path)
+    for command in (("audit",), ("history", "/src/a.py"), ("recover", "5"), ("replay", "memory", "--check")):
+        run = cli(*command, "--journal", path)
+        assert_one_line_usage_error(run, command[0], f"the journal at {path} is damaged")
+    assert snapshot(tmp_path) == before

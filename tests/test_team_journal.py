@@ -602,3 +602,15 @@ async def test_a_running_server_follows_its_agent_removed_re_added_or_moved_by_t
         ("before", "platform"),
         ("re-added", "platform"),
     ]
+
+
+def test_a_team_journal_failing_mid_read_is_said_in_one_line(team: Team) -> None:
+    """An error PostgreSQL gives once connected (here a privilege taken away; a lock waited for,
+    a server restarting) ends the command with its words, not a traceback."""
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus", autocommit=True) as conn:
+        conn.execute("REVOKE SELECT ON commands FROM toolbus_agent")
+    for command in (("audit",), ("history", "/src/a.py")):
+        run = cli(*command, "--journal", team.url("alice"))
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        [line] = run.stderr.splitlines()
+        assert line.startswith(f"toolbus {command[0]}: the team journal at ") and "permission denied" in line

@@ -82,10 +82,10 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
             tcp_user_timeout=int(2 * lock_timeout * 1000),
         )
     except psycopg.Error as error:
-        reason = _reason(error)
-        if "password" in reason:  # "password authentication failed", "no password supplied"
-            reason += " (the password comes from the URL, $PGPASSWORD or ~/.pgpass)"
-        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {reason}") from None
+        why = reason(error)
+        if "password" in why:  # "password authentication failed", "no password supplied"
+            why += " (the password comes from the URL, $PGPASSWORD or ~/.pgpass)"
+        raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {why}") from None
 
 
 class NotAnAgent(JournalUnavailable):
@@ -122,7 +122,7 @@ def _readable(url: str) -> bool:
     return True
 
 
-def _reason(error: psycopg.Error) -> str:
+def reason(error: psycopg.Error) -> str:
     """What went wrong, in PostgreSQL's words (for a URL libpq could read: they do not quote it)."""
     if primary := error.diag.message_primary:
         return primary
@@ -187,7 +187,7 @@ class PostgresJournal:
                     self._conn = None
                     if attempt == 2:
                         raise self._unavailable(error) from error
-                    log.warning("the team journal's connection broke (%s); connecting again", _reason(error))
+                    log.warning("the team journal's connection broke (%s); connecting again", reason(error))
                 except (
                     psycopg.errors.UndefinedTable,
                     psycopg.errors.UndefinedFunction,  # the schema out of reach: its functions too
@@ -224,7 +224,7 @@ class PostgresJournal:
         )
 
     def _unavailable(self, error: psycopg.Error) -> JournalUnavailable:
-        return JournalUnavailable(f"the team journal at {self.location} failed: {_reason(error)}")
+        return JournalUnavailable(f"the team journal at {self.location} failed: {reason(error)}")
 
     async def run(self, work: Callable[[Connection], T]) -> T:
         """`run_sync` on the journal's own thread, shielded: once handed over, the work

@@ -105,7 +105,7 @@ class SqliteJournal:
         try:
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.DatabaseError as error:
-            raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+            raise JournalUnavailable(explain_sqlite(self.path, error)) from error
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             _check_identity_in_one_snapshot(conn)  # before WAL mode, which would change a stranger's file
@@ -120,7 +120,7 @@ class SqliteJournal:
         except BaseException as error:
             conn.close()
             if isinstance(error, sqlite3.DatabaseError):
-                raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+                raise JournalUnavailable(explain_sqlite(self.path, error)) from error
             raise
         return conn
 
@@ -167,8 +167,8 @@ class SqliteJournal:
                 return work(self._conn)
             except sqlite3.DatabaseError as error:
                 if _is_contention(error):
-                    raise _HeldElsewhere(_explain_sqlite(self.path, error)) from error
-                raise JournalUnavailable(_explain_sqlite(self.path, error)) from error
+                    raise _HeldElsewhere(explain_sqlite(self.path, error)) from error
+                raise JournalUnavailable(explain_sqlite(self.path, error)) from error
             finally:
                 if shortened:
                     self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
@@ -741,7 +741,7 @@ def _is_contention(error: sqlite3.Error) -> bool:
     return _primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
-def _explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
+def explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
     """toolbus's words for a SQLite failure, chosen by its result code, never by its text."""
     code = _primary_code(error)
     if _is_contention(error):
