@@ -614,3 +614,15 @@ def test_a_team_journal_failing_mid_read_is_said_in_one_line(team: Team) -> None
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         [line] = run.stderr.splitlines()
         assert line.startswith(f"toolbus {command[0]}: the team journal at ") and "permission denied" in line
+
+
+def test_a_team_journal_of_a_newer_schema_is_refused_and_never_brought_down(team: Team) -> None:
+    """As a SQLite journal is: this toolbus would read it wrong, and `init` would put its own
+    functions and policies over the newer ones."""
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus", autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    for command in (("audit", "--journal", team.url("alice")), ("journal", "init", team.admin_url)):
+        run = cli(*command)
+        assert run.returncode == 2 and "has schema version 99, newer than this toolbus understands" in run.stderr
+        assert "upgrade toolbus" in run.stderr and "Traceback" not in run.stderr
+    assert admin_rows(team, "SELECT value FROM meta WHERE key = 'schema_version'") == [("99",)]

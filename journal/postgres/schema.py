@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from toolbus.bus import JournalUnavailable
 from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
@@ -252,6 +253,8 @@ def init_schema(conn: psycopg.Connection[Any]) -> None:
     """Create (or complete) the schema, its policies and grants, in one transaction: running
     it again changes nothing. `conn` is the admin's, in autocommit mode."""
     with conn.transaction():
+        if (version := schema_version(conn)) is not None and version > SCHEMA_VERSION:
+            raise JournalUnavailable(newer_schema(f"database {conn.info.dbname!r}", version))
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         conn.execute(f"SET LOCAL search_path = {SCHEMA}")
         _create_group(conn)
@@ -333,6 +336,15 @@ def keeps_pending(conn: psycopg.Connection[Any]) -> bool:
         (f"{SCHEMA}.commands",),
     ).fetchone()
     return row is not None
+
+
+def newer_schema(location: str, version: int) -> str:
+    """Why a journal a newer toolbus made is not used: its tables, functions and policies may
+    differ in ways this one would get wrong, or (`journal init`) undo."""
+    return (
+        f"the team journal at {location} has schema version {version}, newer than this toolbus "
+        f"understands ({SCHEMA_VERSION}): upgrade toolbus"
+    )
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:

@@ -31,7 +31,9 @@ from toolbus.journal.postgres.memory import INSERT_OBSERVATION, observation_para
 from toolbus.journal.postgres.schema import (
     LOGIN_ADMINISTERS,
     SCHEMA,
+    SCHEMA_VERSION,
     keeps_pending,
+    newer_schema,
     schema_version,
 )
 from toolbus.journal.rows import (
@@ -109,6 +111,9 @@ def check_journal(conn: Connection, location: str) -> Login:
         raise JournalNotFound(
             f"no toolbus journal in {location}: the team's admin creates it with `toolbus journal init URL`"
         )
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise JournalUnavailable(newer_schema(location, version))
     row = conn.execute(f"SELECT current_user, my_department(), {LOGIN_ADMINISTERS}").fetchone()
     assert row is not None
     return Login(str(row[0]), row[1], bool(row[2]))
