@@ -18,6 +18,7 @@ import anyio
 
 from toolbus.adapters.terminal import for_terminal
 from toolbus.bus import Fault
+from toolbus.journal.regular_files import read_regular
 
 T = TypeVar("T")
 log = logging.getLogger("toolbus.files")
@@ -46,8 +47,10 @@ async def _off_loop(path: str, work: Callable[[], T]) -> T:
 
 
 def read_if_any(path: Path) -> bytes | None:
+    """`path`'s bytes, None if there is no such file; a FIFO or a device is refused, never read
+    (it could block, or never end)."""
     try:
-        return path.read_bytes()
+        return read_regular(path)
     except FileNotFoundError:
         return None
 

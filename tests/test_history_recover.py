@@ -354,6 +354,14 @@ def test_apply_to_a_path_that_cannot_be_written_fails_and_journals_why(live_sess
     assert command["host"] == socket.gethostname()  # the machine whose file it was
     assert s.reader.events("FileRestored") == []
     assert a.is_dir() and list(a.iterdir()) == []
+    a.rmdir()
+    os.mkfifo(a)  # a FIFO: reading what it holds before the write would wait for a writer
+    run = cli("recover", "1", "--apply", "--journal", s.journal)
+    assert run.code == 1 and run.err.startswith(f"toolbus recover: cannot write {os.path.realpath(a)}")
+    assert "not a regular file" in run.err
+    assert stat.S_ISFIFO(a.stat().st_mode)
+    run = cli("audit", "--journal", a)  # nor is a FIFO read as a journal
+    assert run.code == 2 and run.err.strip() == f"toolbus audit: not a toolbus journal: {a} is not a regular file"
 
 
 # --- recover --apply is a bus command, and only the command line's ----------------------

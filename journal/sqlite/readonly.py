@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from toolbus.bus import JournalNotFound, JournalUnavailable
+from toolbus.journal.regular_files import NotARegularFile, read_regular
 from toolbus.journal.sqlite.schema import APPLICATION_ID, check_identity
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -22,8 +23,9 @@ def require_journal(path: Path) -> None:
     """Raise unless `path` is an existing toolbus journal; reads the file's header only."""
     path = Path(os.path.realpath(path))  # its -wal, if any, is beside the file a link leads to
     try:
-        with open(path, "rb") as file:
-            header = file.read(_HEADER_SIZE)
+        header = read_regular(path, _HEADER_SIZE)
+    except NotARegularFile:
+        raise JournalUnavailable(f"not a toolbus journal: {path} is not a regular file") from None
     except FileNotFoundError:
         raise JournalNotFound(f"no journal at {path}: check --journal or $TOOLBUS_JOURNAL") from None
     except IsADirectoryError:
