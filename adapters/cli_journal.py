@@ -129,7 +129,7 @@ def parse_time(option: str, text: str, now: datetime | None = None) -> str:
 
 def parse_limit(text: str) -> int | None:
     """`--limit N`: at most N rows; 0 means all."""
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # not '²', which isdigit() takes for one
         raise ValueError(f"--limit: expected a whole number (0 for all), got {text!r}")
     if int(text) > SQLITE_INT_MAX:
         raise ValueError(f"--limit: expected at most {SQLITE_INT_MAX} (0 for all), got {text!r}")

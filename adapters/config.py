@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast, get_args
 
-from toolbus.bus import Caller
+from toolbus.bus import Caller, typed_path
 from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url
 from toolbus.journal.sqlite import Synchronous as SyncMode
 from toolbus.journal.sqlite import default_journal_path
@@ -99,6 +99,7 @@ def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
             f"--journal / $TOOLBUS_JOURNAL: {why}, not a journal file; "
             "a team journal's is a postgresql://USER@HOST/DATABASE URL"
         )
+    typed_path(given)  # refuses a relative one if the current directory is gone
     return Path(given).expanduser()
 
 

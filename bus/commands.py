@@ -64,8 +64,13 @@ class Command(msgspec.Struct, frozen=True, kw_only=True):
 
 def typed_path(value: str) -> str:
     """A path as a person typed it on the command line: `~` expanded, relative to the current
-    directory."""
-    return os.path.abspath(os.path.expanduser(value))
+    directory (refused if that was removed: nothing can be relative to it)."""
+    try:
+        return os.path.abspath(os.path.expanduser(value))
+    except FileNotFoundError:  # os.getcwd(): the current directory is gone
+        raise ValueError(
+            f"{value!r} is relative, and the current directory no longer exists: give an absolute path"
+        ) from None
 
 
 # Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt, which Python does not

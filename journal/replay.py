@@ -48,15 +48,18 @@ PathMap = list[tuple[str, str]]
 def parse_path_map(pairs: Sequence[str]) -> PathMap:
     """`--map FROM=TO` pairs as absolute directory prefixes, longest first. FROM is matched as
     typed and with its symlinks resolved: paths are recorded as Neovim resolves them."""
-    mapping: PathMap = []
+    mapping: dict[str, str] = {}
     for pair in pairs:
         old, sep, new = pair.partition("=")
         if not sep or not old or not new:
             raise ValueError(f"--map: expected FROM=TO (two directories), got {pair!r}")
-        typed = typed_path(old)
+        typed, target = typed_path(old), typed_path(new)
         for spelling in dict.fromkeys((os.path.realpath(typed), typed)):
-            mapping.append((spelling, typed_path(new)))
-    return sorted(mapping, key=lambda item: len(item[0]), reverse=True)
+            if mapping.setdefault(spelling, target) != target:
+                raise ValueError(
+                    f"--map {pair}: {spelling} is mapped to {mapping[spelling]} already; nothing was replayed"
+                )
+    return sorted(mapping.items(), key=lambda item: len(item[0]), reverse=True)
 
 
 def check_path_map(pairs: Sequence[str], steps: Sequence[EditorStep]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -253,6 +255,11 @@ def test_a_malformed_time_is_reported_before_the_journal_is_looked_for(tmp_path:
         (["history", "/tmp/x", "--limit", "many"], "--limit: expected a whole number"),
         (["replay", "editor", "--from", "first", "--dry-run"], "--from: expected an event position"),
         (["replay", "editor", "--map", "/only/one/side", "--dry-run"], "--map: expected FROM=TO"),
+        (
+            ["replay", "editor", "--map", "/src=/b", "--map", "/src=/c", "--dry-run"],
+            "--map /src=/c: /src is mapped to /b already; nothing was replayed",
+        ),
+        (["audit", "--limit", "²"], "--limit: expected a whole number (0 for all), got '²'"),
         (["replay", "editor"], "--nvim ADDRESS is required"),
     ],
 )
@@ -405,3 +412,20 @@ def test_a_damaged_journal_is_said_in_one_line_by_every_command_that_reads_it(tm
         run = cli(*command, "--journal", path)
         assert_one_line_usage_error(run, command[0], f"the journal at {path} is damaged")
     assert snapshot(tmp_path) == before
+
+
+def test_a_relative_path_once_the_current_directory_is_gone_is_refused_in_one_line(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    toolbus = [sys.executable, "-m", "toolbus.adapters.cli"]
+    for args in (["audit", "--journal", "rel.db"], ["audit", "--path", "a.py", "--journal", str(tmp_path / "j.db")]):
+        done = subprocess.run(
+            ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", gone, *toolbus, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.endswith("is relative, and the current directory no longer exists: give an absolute path")
+        gone.mkdir()
