@@ -15,7 +15,16 @@ import pytest
 
 from tests.journal_contract import NEW_YEAR_MS, JournalContract, observation, record, saved
 from tests.postgres_server import Team, drop_database, initialised_database
-from toolbus.bus import Appended, Caller, Event, JournalReader, JournalUnavailable, JournalWriter, ObservationSaved
+from toolbus.bus import (
+    Appended,
+    AuditQuery,
+    Caller,
+    Event,
+    JournalReader,
+    JournalUnavailable,
+    JournalWriter,
+    ObservationSaved,
+)
 from toolbus.handlers import MemoryStore
 from toolbus.journal.postgres import (
     PostgresJournal,
@@ -24,6 +33,7 @@ from toolbus.journal.postgres import (
     connect,
     init_schema,
 )
+from toolbus.journal.postgres import reader as reader_module
 from toolbus.journal.postgres.store import _record
 from toolbus.journal.rows import Outcome, event_ids
 
@@ -325,3 +335,20 @@ def test_a_url_libpq_cannot_read_is_refused_without_quoting_it(url: str) -> None
         PostgresJournal(url)
     assert "Sup3r" not in str(raised.value) and "5432" not in str(raised.value) and raised.value.__cause__ is None
     assert "cannot be read" in str(raised.value)
+
+
+def test_a_server_that_stops_answering_is_given_up_on_not_waited_for(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused server (a hung disk) still has its kernel acknowledge every packet: no TCP
+    timeout would end the wait. The reader gives up after its answer timeout, in one line.
+    Here the server waits on a lock the admin holds, which it would give up on only later."""
+    monkeypatch.setattr(reader_module, "ANSWER_TIMEOUT", 0.5)
+    reader = PostgresReader(team.url("alice"))
+    try:
+        with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
+            admin.execute("LOCK TABLE commands IN ACCESS EXCLUSIVE MODE")  # held until the block ends
+            with pytest.raises(JournalUnavailable, match=r"did not answer within 0\.5 s: check the server"):
+                list(reader.audit(AuditQuery()))
+    finally:
+        reader.close()

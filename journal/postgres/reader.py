@@ -36,7 +36,14 @@ from toolbus.journal.decoding import (
 from toolbus.journal.location import shown
 from toolbus.journal.postgres.replay import check_memory
 from toolbus.journal.postgres.schema import schema_version
-from toolbus.journal.postgres.store import Connection, PostgresJournal, check_journal, connect
+from toolbus.journal.postgres.store import (
+    ANSWER_TIMEOUT,
+    Connection,
+    PostgresJournal,
+    answered_within,
+    check_journal,
+    connect,
+)
 
 _BATCH = 200
 
@@ -46,16 +53,14 @@ class PostgresReader:
         self._conn: Connection = connect(url)
         self._conn.read_only = True
         self.location = shown(url)
-        self.agent, self.department, self.administers = check_journal(self._conn, self.location)
+        with answered_within(self._conn, ANSWER_TIMEOUT, self.location):
+            self.agent, self.department, self.administers = check_journal(self._conn, self.location)
 
     def schema_version(self) -> int | None:
         return schema_version(self._conn)
 
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
-        sql, params = _command_sql(query)
-        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
-            rows = cursor.execute(sql, params).fetchall()
-        entries = self._entries(rows)
+        entries = self._entries(self._rows(*_command_sql(query)))
         if query.paths:
             match = eventless_matcher(query.paths, hosts=True, here=query.here)
             entries = with_eventless(entries, self._failed_changes(query), match, query.paths)
@@ -111,7 +116,8 @@ class PostgresReader:
             after = rows[-1]["position"]
 
     def blob(self, digest: str) -> bytes | None:
-        return blob_content(self._conn, digest)
+        with answered_within(self._conn, ANSWER_TIMEOUT, self.location):
+            return blob_content(self._conn, digest)
 
     def check_memory(self) -> MemoryCheck:
         # The rebuild goes to a temporary table, which a read-only transaction may not create;
@@ -133,7 +139,11 @@ class PostgresReader:
     # --- helpers ------------------------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
+        with (
+            answered_within(self._conn, ANSWER_TIMEOUT, self.location),
+            self._conn.transaction(),
+            self._conn.cursor(row_factory=dict_row) as cursor,
+        ):
             return cursor.execute(sql, params).fetchall()
 
     def _one(self, column: str, value: object, shown: str) -> StoredEvent:

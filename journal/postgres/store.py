@@ -10,12 +10,14 @@ for the disk, which the WAL writer reaches within a fraction of a second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
 import msgspec
@@ -88,6 +90,38 @@ def connect(url: str, lock_timeout: float = LOCK_TIMEOUT) -> Connection:
         if "password" in why:  # "password authentication failed", "no password supplied"
             why += " (the password comes from the URL, $PGPASSWORD or ~/.pgpass)"
         raise JournalUnavailable(f"cannot reach the team journal at {shown(url)}: {why}") from None
+
+
+# How long a reader waits for the server to answer one statement (as a writer's call waits).
+ANSWER_TIMEOUT = 2 * LOCK_TIMEOUT
+
+
+@contextlib.contextmanager
+def answered_within(conn: Connection, seconds: float, location: str) -> Iterator[None]:
+    """Give up on the server if it has not answered within `seconds`: the connection's socket is
+    shut, and the wait ends in `JournalUnavailable`. A server that stopped (a hung disk, a
+    paused process) has its kernel acknowledge every packet, so no TCP timeout or keepalive
+    ends that wait; a network that dropped them is ended by `tcp_user_timeout` too."""
+    gave_up = threading.Event()
+
+    def give_up() -> None:
+        gave_up.set()
+        with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.fileno())) as copy:
+            copy.shutdown(socket.SHUT_RDWR)  # the socket itself: every descriptor of it
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except psycopg.Error:
+        if not gave_up.is_set():
+            raise
+        raise JournalUnavailable(
+            f"the team journal at {location} did not answer within {seconds:g} s: check the server, and try again"
+        ) from None
+    finally:
+        timer.cancel()
 
 
 class NotAnAgent(JournalUnavailable):
@@ -166,8 +200,9 @@ class PostgresJournal:
         # would only queue behind it.
         self._unanswered: threading.Event | None = None
         self._conn: Connection | None = None
-        self.agent, self.department, self.administers = check_journal(self._connection(), self.location)
-        self._keeps_pending = keeps_pending(self._connection())
+        with answered_within(self._connection(), self.answer_timeout, self.location):
+            self.agent, self.department, self.administers = check_journal(self._connection(), self.location)
+            self._keeps_pending = keeps_pending(self._connection())
 
     # --- the connection and its thread ------------------------------------------------------
 
