@@ -9,6 +9,7 @@ is tested at start; a running server meets a full disk instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -144,6 +145,21 @@ def test_read_commands_read_a_journal_on_a_read_only_file_system(tmp_path: Path)
         audit = cli("audit", "--journal", journal)
         remount(place, "rw")
     assert audit.code == 0 and "in the log" in audit.out, audit.err
+
+
+def test_read_commands_read_a_journal_on_a_full_disk(tmp_path: Path) -> None:
+    """Nothing can be created there either: the -shm index a first attempt fails to make (and
+    may leave behind, empty) does not stop the journal, whose log is empty, being read whole."""
+    with small_filesystem(tmp_path / "state", "1m") as place:
+        journal = place / "journal.db"
+        with StdioServer(toolbus_argv(journal), stderr=tmp_path / "first.stderr") as server:
+            server.initialize()
+            result_json(save(server, "kept"))
+        with open(place / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        audit = cli("audit", "--tool", "save", "--journal", journal)
+    assert audit.code == 0 and "kept" in audit.out, audit.err
 
 
 def test_a_reader_that_may_not_write_still_sees_a_live_writers_commits(

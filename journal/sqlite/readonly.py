@@ -58,15 +58,17 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     """
     require_journal(path)
     path = Path(os.path.realpath(path))  # SQLite keeps -wal and -shm beside the file a link leads to
+    # Before the first attempt, which may leave them behind when it fails (a full disk).
+    at_rest = not os.path.exists(f"{path}-wal") and not os.path.exists(f"{path}-shm")
     # SQLite opens a file it may not write read-only without a word, and such a connection
     # leaves its -wal and -shm files behind: ask first.
     if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
         try:
             conn = _connect(path, busy_timeout, uri_mode=None)
         except sqlite3.OperationalError:
-            conn = _connect_read_only(path, busy_timeout)
+            conn = _connect_read_only(path, busy_timeout, at_rest)
     else:
-        conn = _connect_read_only(path, busy_timeout)
+        conn = _connect_read_only(path, busy_timeout, at_rest)
     try:
         if check_identity(conn) == 0:
             raise JournalUnavailable(f"not a toolbus journal: {path} holds no journal tables")
@@ -79,11 +81,11 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     return conn
 
 
-def _connect_read_only(path: Path, busy_timeout: float) -> sqlite3.Connection:
-    """A journal we may not write to: immutable when no connection has it open (no -wal, no
-    -shm: all of it is in the file, and an immutable reader takes no locks, so a writer
-    checkpointing under it would mix old pages and new), else `mode=ro`."""
-    at_rest = not os.path.exists(f"{path}-wal") and not os.path.exists(f"{path}-shm")
+def _connect_read_only(path: Path, busy_timeout: float, at_rest: bool) -> sqlite3.Connection:
+    """A journal we may not write to (or whose -shm cannot be made: a full disk): immutable when
+    no connection had it open (`at_rest`: no -wal, no -shm, so all of it is in the file; an
+    immutable reader takes no locks, so a writer checkpointing under it would mix old pages and
+    new), else `mode=ro`."""
     try:
         return _connect(path, busy_timeout, uri_mode="ro&immutable=1" if at_rest else "ro")
     except sqlite3.OperationalError as error:
