@@ -646,7 +646,10 @@ function M.workspace_folders()
       folders[#folders + 1] = { name = name, uri = vim.uri_from_fname(path), path = path }
     end
   end
-  add(vim.fn.getcwd())
+  local cwd = vim.fn.getcwd()
+  if cwd ~= '' then -- '' once the directory was removed
+    add(cwd)
+  end
   for _, client in ipairs(vim.lsp.get_clients()) do
     if next(client.attached_buffers) then
       for _, folder in ipairs(client.workspace_folders or {}) do

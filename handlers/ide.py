@@ -56,6 +56,8 @@ async def get_diagnostics(command: GetDiagnostics, context: HandlerContext[Any])
 
 async def get_workspace_folders(command: GetWorkspaceFolders, context: HandlerContext[Any]) -> Workspace:
     folders = await editor_of(context).workspace_folders()
+    if not folders:
+        raise Refused("getWorkspaceFolders: Neovim's working directory was removed; :cd to another, then try again")
     return Workspace(success=True, folders=folders, rootPath=folders[0].path)
 
 

@@ -378,6 +378,21 @@ async def test_the_root_as_working_directory_is_named_by_its_path(
     assert folder == {"name": "/", "uri": "file:///", "path": "/"}
 
 
+async def test_a_working_directory_since_removed_is_said_not_answered_empty(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    (gone := files / "gone").mkdir()
+    nvim.lua("vim.cmd.cd(...)", str(gone))
+    gone.rmdir()
+    reply = await client.call_tool("getWorkspaceFolders", {})
+    assert reply.is_error
+    assert (
+        text_of(reply) == "getWorkspaceFolders: Neovim's working directory was removed; :cd to another, then try again"
+    )
+    nvim.lua("vim.cmd.cd(...)", str(files))
+    assert json_of(await client.call_tool("getWorkspaceFolders", {}))["rootPath"] == str(files)
+
+
 # --- openFile ---------------------------------------------------------------------------------
 
 
