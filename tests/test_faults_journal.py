@@ -320,3 +320,28 @@ def test_filling_up_while_four_servers_write(tmp_path: Path) -> None:
         assert_sound(journal)
         titles = saved_titles(journal)
         assert {i: titles.get(i) for i in acknowledged} == acknowledged
+
+
+HOLD_EXCLUSIVELY = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("CREATE TABLE IF NOT EXISTS held (x)")
+conn.execute("COMMIT")  # the lock stays: the mode keeps it until the connection closes
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_journal_another_process_holds_exclusively_is_said_to_be_locked(tmp_path: Path) -> None:
+    """Not taken for one whose -shm cannot be made: the reader is told to try again."""
+    journal = tmp_path / "journal.db"
+    SqliteJournal(journal).close()
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_EXCLUSIVELY, str(journal)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        audit = cli("audit", "--journal", journal, env={"TOOLBUS_JOURNAL_TIMEOUT": "0.3"})
+        holder.communicate("")
+    assert audit.code == 2 and audit.err.strip().endswith("is locked by another process (waited for it): try again")

@@ -14,6 +14,7 @@ from pathlib import Path
 from toolbus.bus import JournalNotFound, JournalUnavailable
 from toolbus.journal.regular_files import NotARegularFile, read_regular
 from toolbus.journal.sqlite.schema import APPLICATION_ID, check_identity
+from toolbus.journal.sqlite.store import explain_sqlite, is_contention
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
@@ -89,6 +90,8 @@ def _connect_read_only(path: Path, busy_timeout: float, at_rest: bool) -> sqlite
     try:
         return _connect(path, busy_timeout, uri_mode="ro&immutable=1" if at_rest else "ro")
     except sqlite3.OperationalError as error:
+        if is_contention(error):  # a writer holding it exclusively (locking_mode=EXCLUSIVE)
+            raise JournalUnavailable(explain_sqlite(path, error)) from None
         raise JournalUnavailable(
             f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
             " its write-ahead log to read it: copy the journal with its -wal file somewhere writable"

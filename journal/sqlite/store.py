@@ -132,7 +132,7 @@ class SqliteJournal:
             try:
                 return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             except sqlite3.OperationalError as error:
-                if not _is_contention(error) or time.monotonic() > deadline:
+                if not is_contention(error) or time.monotonic() > deadline:
                     raise
             time.sleep(0.01)
 
@@ -166,7 +166,7 @@ class SqliteJournal:
             try:
                 return work(self._conn)
             except sqlite3.DatabaseError as error:
-                if _is_contention(error):
+                if is_contention(error):
                     raise _HeldElsewhere(explain_sqlite(self.path, error)) from error
                 raise JournalUnavailable(explain_sqlite(self.path, error)) from error
             finally:
@@ -737,14 +737,15 @@ def _primary_code(error: sqlite3.Error) -> int | None:
     return None if code is None else code & 0xFF
 
 
-def _is_contention(error: sqlite3.Error) -> bool:
+def is_contention(error: sqlite3.Error) -> bool:
+    """Whether SQLite gave up waiting for another connection (busy or locked)."""
     return _primary_code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
     """toolbus's words for a SQLite failure, chosen by its result code, never by its text."""
     code = _primary_code(error)
-    if _is_contention(error):
+    if is_contention(error):
         return f"the journal at {path} is locked by another process (waited for it): try again"
     if code == sqlite3.SQLITE_READONLY:
         return f"the journal at {path} is read-only: fix its permissions or choose another with --journal"
