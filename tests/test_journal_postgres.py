@@ -214,7 +214,9 @@ def test_a_retried_transaction_appends_nothing_twice(team: Team) -> None:
     caller = Caller(agent="claude", department="platform")
 
     def send(outcome: Outcome, key: uuid.UUID, ids: list[str]) -> list[Appended[Event]]:
-        return writer.run_sync(lambda conn: _record(conn, outcome, None, key, ids, time.time_ns()))
+        return writer.run_sync(
+            lambda conn: _record(conn, outcome, None, key, ids, time.time_ns(), times_observations=True)
+        )
 
     once = Outcome(record("save", caller=caller), "ok", events=[observation("once", "only once", caller=caller)])
     later = Outcome(
@@ -259,47 +261,16 @@ def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> N
     assert stored == [(NEW_YEAR_MS + 60_001,)]
 
 
-def test_a_team_journal_that_does_not_time_notes_saves_at_the_clock_until_init_adds_it(team: Team) -> None:
-    """A journal of schema 3 or before: an agent of a newer toolbus saves as before, at its
-    server's clock, until its admin runs `journal init` again; then even a server that was
-    running before times in order."""
+def test_a_team_journal_without_latest_observation_time_saves_at_the_clock_until_init_adds_it(team: Team) -> None:
+    """A journal of schema 2: an agent of a newer toolbus saves as before, at its server's
+    clock, until its admin runs `journal init` again."""
     with connect(team.admin_url) as conn:
-        conn.execute("DROP TRIGGER events_observation_time ON toolbus.events")
+        conn.execute("DROP FUNCTION toolbus.latest_observation_time()")
     _save_at(team, "bob", "bob's", NEW_YEAR_MS + 60_000)
-    running = PostgresJournal(team.url("alice"))
-    try:
-        assert _save_at(team, "alice", "as before", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS
-        with connect(team.admin_url) as conn:
-            init_schema(conn)
-        caller = _as(team, "alice")
-        note = observation("in order", "x", caller=caller, at=NEW_YEAR_MS)
-        [timed] = anyio.run(lambda: running.finish(record("save", caller=caller), None, "ok", events=[note]))
-    finally:
-        running.close()
-    assert timed.event.created_at_epoch == NEW_YEAR_MS + 60_001
-
-
-def test_an_agent_learns_no_time_of_a_note_it_may_not_see(team: Team) -> None:
-    """Not through SQL: the function a server of schema 3 asked for the latest time tells
-    nothing now, the trigger that times notes cannot be called, and a note's own row is hidden."""
-    _save_at(team, "carol", "carol's own", NEW_YEAR_MS + 60_000, visibility="private")
-    with team.sql("alice") as alice:
-        assert alice.execute("SELECT latest_observation_time()").fetchone() == (None,)
-        assert alice.execute("SELECT count(*), max(created_at_epoch) FROM observations").fetchone() == (0, None)
-        with pytest.raises(psycopg.Error, match="trigger functions can only be called as triggers"):
-            alice.execute("SELECT observation_time()")
-
-
-def test_a_server_clock_ahead_times_no_note_past_the_databases(team: Team) -> None:
-    """Else every note saved after it, by any agent, would be timed after it, in the future."""
-    now = time.time_ns() // 1_000_000
-    ahead = _save_at(team, "carol", "a clock a year ahead", now + 365 * 86_400_000, visibility="private")
-    assert now <= ahead.event.created_at_epoch <= time.time_ns() // 1_000_000
-    later = _save_at(team, "alice", "saved now", now)
-    assert later.event.created_at_epoch > ahead.event.created_at_epoch
-    with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
-        [(data,)] = admin.execute("SELECT data FROM events WHERE position = %s", (ahead.position,)).fetchall()
-    assert json.loads(data)["created_at_epoch"] == ahead.event.created_at_epoch  # the event says the same
+    assert _save_at(team, "alice", "as before", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS
+    with connect(team.admin_url) as conn:
+        init_schema(conn)
+    assert _save_at(team, "alice", "in order", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS + 60_001
 
 
 def test_init_runs_again_without_changing_anything(team: Team) -> None:

@@ -202,8 +202,6 @@ def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[tuple[bool,
     """Each command of the batch, and whether it was copied now (False: an earlier copy did,
     this login's or another's)."""
     with conn.transaction():
-        # Copied notes keep the times they were saved at: the journal does not time them anew.
-        conn.execute("SET LOCAL toolbus.keep_times = 'on'")
         results: list[tuple[bool, Outcome]] = []
         for command in prepared:
             exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (command.key,)).fetchone()

@@ -38,7 +38,6 @@ AGENT_GROUP = "toolbus_agent"
 SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
-    4: "notes timed by the journal itself (a trigger), which tells no agent when notes it may not see were saved",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
@@ -160,40 +159,16 @@ _FUNCTIONS = (
     "CREATE TRIGGER events_next_position BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION next_position()",
     f"""CREATE OR REPLACE FUNCTION my_department() RETURNS text LANGUAGE sql STABLE
         SET search_path = {SCHEMA}, pg_temp AS $$ SELECT department FROM agents WHERE role = current_user $$""",
-    # An observation's time: its server's clock, but never past the database's (one clock for
-    # the team: a server whose clock is ahead would time every later note after its own) nor
-    # before the latest note of all, those its agent may not see too (a note an agent sees must
-    # not be followed by one timed before it), so it runs as the owner. Under the append lock,
-    # which the position trigger (named before it, so run first) took: nothing commits between
-    # this read and the insert. The time stored is given back by the insert (`RETURNING`): an
-    # agent learns the latest time of notes it may not see only by saving a note of its own in
-    # the same millisecond. `journal copy` keeps a copied note's time (`toolbus.keep_times`).
-    f"""CREATE OR REPLACE FUNCTION observation_time() RETURNS trigger
+    # The time a new observation must come after (`JournalWriter.finish`): the latest of all,
+    # those the login may not see too (a note an agent sees must not be followed by one timed
+    # before it), so it runs as the owner. Under the append lock, as the position trigger:
+    # nothing commits between this read and the observation's insert.
+    f"""CREATE OR REPLACE FUNCTION latest_observation_time() RETURNS bigint
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
-    DECLARE
-        asked bigint;
-        timed bigint;
     BEGIN
-        IF NEW.type <> 'ObservationSaved' OR current_setting('toolbus.keep_times', true) = 'on' THEN
-            RETURN NEW;
-        END IF;
         PERFORM pg_advisory_xact_lock({APPEND_LOCK});
-        asked := (NEW.data::jsonb ->> 'created_at_epoch')::bigint;
-        timed := greatest(
-            least(asked, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),
-            (SELECT max(created_at_epoch) + 1 FROM {SCHEMA}.observations)
-        );
-        IF timed IS DISTINCT FROM asked THEN
-            NEW.data := jsonb_set(NEW.data::jsonb, '{{created_at_epoch}}', to_jsonb(timed))::text;
-        END IF;
-        RETURN NEW;
+        RETURN (SELECT max(created_at_epoch) FROM {SCHEMA}.observations);
     END $$""",
-    "DROP TRIGGER IF EXISTS events_observation_time ON events",
-    "CREATE TRIGGER events_observation_time BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION observation_time()",
-    # Schema 3's timing, asked by servers of the toolbus before: it told the latest time of
-    # every note, those an agent may not see too. It tells nothing now (they save at their
-    # clock), and the trigger above times their notes.
-    """CREATE OR REPLACE FUNCTION latest_observation_time() RETURNS bigint LANGUAGE sql AS $$ SELECT NULL::bigint $$""",
     *SEARCH_FUNCTIONS,
 )
 
@@ -345,6 +320,14 @@ def newer_schema(location: str, version: int) -> str:
         f"the team journal at {location} has schema version {version}, newer than this toolbus "
         f"understands ({SCHEMA_VERSION}): upgrade toolbus"
     )
+
+
+def times_observations(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the team journal has `latest_observation_time()` (schema 3): until its admin runs
+    `journal init` again, a journal of an older schema saves observations at their servers'
+    clocks, as before."""
+    row = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"{SCHEMA}.latest_observation_time()",)).fetchone()
+    return bool(row and row[0])
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:

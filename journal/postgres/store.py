@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
-import msgspec
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
@@ -37,6 +36,7 @@ from toolbus.journal.postgres.schema import (
     keeps_pending,
     newer_schema,
     schema_version,
+    times_observations,
 )
 from toolbus.journal.rows import (
     Outcome,
@@ -44,6 +44,7 @@ from toolbus.journal.rows import (
     event_ids,
     json_without_nul,
     storable_row,
+    timed_in_order,
     without_nul,
 )
 from toolbus.journal.worker import Worker
@@ -203,6 +204,7 @@ class PostgresJournal:
         with answered_within(self._connection(), self.answer_timeout, self.location):
             self.agent, self.department, self.administers = check_journal(self._connection(), self.location)
             self._keeps_pending = keeps_pending(self._connection())
+            self._times_observations = times_observations(self._connection())
 
     # --- the connection and its thread ------------------------------------------------------
 
@@ -350,14 +352,16 @@ class PostgresJournal:
     ) -> list[Appended[E]]:
         outcome = Outcome(record, status, error, events, blobs)
         key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
-        keeps_pending = self._keeps_pending
+        keeps_pending, times = self._keeps_pending, self._times_observations
         appended = await self.run(
-            lambda conn: _record(conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending)
+            lambda conn: _record(
+                conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending, times_observations=times
+            )
         )
         return cast(list[Appended[E]], appended)  # as stored: each event of the type it was given
 
     async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
-        ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
+        ids, recorded_at, times = event_ids(len(events)), iso_time(time.time_ns()), self._times_observations
 
         def work(conn: Connection) -> list[Appended[Event]]:
             with conn.transaction():
@@ -366,7 +370,8 @@ class PostgresJournal:
                 owner = conn.execute("SELECT agent, department FROM commands WHERE id = %s", (command_id,)).fetchone()
                 if owner is None:
                     raise JournalUnavailable(f"no command {command_id} in the team journal to append to")
-                return _append(conn, command_id, owner[0], owner[1], events, ids, recorded_at)
+                timed = _timed(conn, events) if times else events
+                return _append(conn, command_id, owner[0], owner[1], timed, ids, recorded_at)
 
         return cast(list[Appended[E]], await self.run(work))
 
@@ -429,8 +434,10 @@ def _record(
     finished_ns: int,
     *,
     keeps_pending: bool = False,
+    times_observations: bool = False,
 ) -> list[Appended[Event]]:
-    """A call's outcome as it happens (`insert_outcome`)."""
+    """A call's outcome as it happens (`insert_outcome`, with `times_observations` for a journal
+    of schema 3)."""
     with conn.transaction():
         if not outcome.record.changes:
             # Committed without waiting for the disk: nothing changed, and the WAL writer
@@ -444,7 +451,19 @@ def _record(
             ids,
             finished_ns,
             keeps_pending=keeps_pending,
+            times_observations=times_observations,
         )
+
+
+def _timed(conn: Connection, events: Sequence[E]) -> list[E]:
+    """`events`, an observation timed after the latest of the journal, read by
+    `latest_observation_time()` under the append lock (`timed_in_order`)."""
+
+    def latest() -> int | None:
+        row = conn.execute("SELECT latest_observation_time()").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    return timed_in_order(events, latest)
 
 
 def insert_outcome(
@@ -456,13 +475,15 @@ def insert_outcome(
     finished_ns: int,
     *,
     keeps_pending: bool = False,
+    times_observations: bool = False,
     pid: int | None = None,
 ) -> list[Appended[Event]]:
     """The command's final row, its blobs, its events and their projections (in a transaction);
     the events as appended.
     `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears.
-    An observation is timed by the journal (the `observation_time` trigger, schema 4); a copy
-    keeps its time (`journal copy` says so for its transaction).
+    `times_observations`: a call's outcome as it happens, on a journal with
+    `latest_observation_time()`: an observation is timed after the journal's latest
+    (`JournalWriter.finish`); a copy's keep their times.
     `pid`: the process that ran it, if not this one (a copied command's)."""
     record, finished_at = outcome.record, iso_time(finished_ns)
     if command_id is None:
@@ -480,8 +501,10 @@ def insert_outcome(
         )
     if outcome.blobs:
         _insert_blobs(conn, outcome.blobs)
+    # Timed last: it takes the append lock, which every other save then waits for until commit.
+    events = _timed(conn, outcome.events) if times_observations else outcome.events
     caller = record.caller
-    return _append(conn, command_id, caller.agent, caller.department, outcome.events, ids, finished_at)
+    return _append(conn, command_id, caller.agent, caller.department, events, ids, finished_at)
 
 
 _FINISHED = "status = %s, error = %s, finished_at = %s, duration_ms = %s"
@@ -558,9 +581,7 @@ def _insert_blobs(conn: Connection, blobs: Mapping[str, bytes]) -> None:
 
 _INSERT_EVENT = (
     "INSERT INTO events (event_id, command_id, type, version, stream, recorded_at, data, agent, department,"
-    " visibility) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING"
-    # The time the journal gave an observation (`observation_time`): its projection has the same.
-    " RETURNING position, CASE WHEN type = 'ObservationSaved' THEN (data::jsonb ->> 'created_at_epoch')::bigint END"
+    " visibility) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING RETURNING position"
 )
 
 
@@ -597,8 +618,6 @@ def _append(
             appended.append(_written_before(conn, event_id))
             continue
         position = int(inserted[0])
-        if isinstance(event, ObservationSaved) and inserted[1] is not None and inserted[1] != event.created_at_epoch:
-            event = msgspec.structs.replace(event, created_at_epoch=int(inserted[1]))
         appended.append(Appended(position, event))
         if isinstance(event, ObservationSaved):
             conn.execute(INSERT_OBSERVATION, observation_params(position, event))
