@@ -116,8 +116,7 @@ class PostgresReader:
             after = rows[-1]["position"]
 
     def blob(self, digest: str) -> bytes | None:
-        with answered_within(self._conn, ANSWER_TIMEOUT, self.location):
-            return blob_content(self._conn, digest)
+        return blob_content(self._conn, digest)
 
     def check_memory(self) -> MemoryCheck:
         # The rebuild goes to a temporary table, which a read-only transaction may not create;
@@ -139,11 +138,7 @@ class PostgresReader:
     # --- helpers ------------------------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        with (
-            answered_within(self._conn, ANSWER_TIMEOUT, self.location),
-            self._conn.transaction(),
-            self._conn.cursor(row_factory=dict_row) as cursor,
-        ):
+        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             return cursor.execute(sql, params).fetchall()
 
     def _one(self, column: str, value: object, shown: str) -> StoredEvent:

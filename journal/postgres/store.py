@@ -99,10 +99,11 @@ ANSWER_TIMEOUT = 2 * LOCK_TIMEOUT
 
 @contextlib.contextmanager
 def answered_within(conn: Connection, seconds: float, location: str) -> Iterator[None]:
-    """Give up on the server if it has not answered within `seconds`: the connection's socket is
-    shut, and the wait ends in `JournalUnavailable`. A server that stopped (a hung disk, a
+    """Give up on the server if the work has not ended within `seconds`: the connection's socket
+    is shut, and the wait ends in `JournalUnavailable`. A server that stopped (a hung disk, a
     paused process) has its kernel acknowledge every packet, so no TCP timeout or keepalive
-    ends that wait; a network that dropped them is ended by `tcp_user_timeout` too."""
+    ends that wait; a network that dropped them is ended by `tcp_user_timeout` too. For short
+    work only (a login's check): it bounds the whole of it, not a silence."""
     gave_up = threading.Event()
 
     def give_up() -> None:
