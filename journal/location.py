@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Text shaped like a URL whatever its typos (a blank before it, one slash, none, a colon left
-# out): a scheme and a colon, then a login (`@`); a login at its start (`//alice:secret@`); or
-# `postgres` or `postgresql` and a mark no file name has after it. Never a journal file's path.
+# out): a scheme and a colon, then a login (`@`); a login after `//` (`//alice:secret@`); or
+# `postgres` or `postgresql` then `:`, `//` or `;`. Never a journal file's path.
 _URL_LIKE = re.compile(
-    r"\s*(?:[A-Za-z][A-Za-z0-9+.-]*:/*[^/@\s]*@|/*[^\s/:@]+:[^\s/@]*@|postgres(?:ql)?[^\w.-])", re.IGNORECASE
+    r"\s*(?:[A-Za-z][A-Za-z0-9+.-]*:/*[^/@\s]*@|//[^\s/:@]+:[^\s/@]*@|postgres(?:ql)?(?:\s*:|//|;))", re.IGNORECASE
 )
 # libpq's key=value form of a connection, which toolbus does not take: a password, or two keys.
 _CONNINFO_KEY = re.compile(r"(?:^|\s)(host|hostaddr|port|dbname|user|password|service|sslmode)\s*=")

@@ -139,7 +139,16 @@ def test_a_mistyped_team_url_is_refused_not_made_a_file_and_its_password_never_s
 
 
 @pytest.mark.parametrize(
-    "location", ["user=alice.db", "notes port=1.db", "odd=name.db", "postgres.db", "postgresql-journal.db"]
+    "location",
+    [
+        "user=alice.db",
+        "notes port=1.db",
+        "odd=name.db",
+        "postgres.db",
+        "postgresql-journal.db",
+        "postgres/journal.db",
+        "Postgres (old).db",
+    ],
 )
 def test_a_file_name_with_an_equals_sign_is_still_a_journal_file(tmp_path: Path, location: str) -> None:
     assert journal_location(location, {}) == Path(location)
