@@ -59,8 +59,7 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
     """
     require_journal(path)
     path = Path(os.path.realpath(path))  # SQLite keeps -wal and -shm beside the file a link leads to
-    # Before the first attempt, which may leave them behind when it fails (a full disk).
-    at_rest = not os.path.exists(f"{path}-wal") and not os.path.exists(f"{path}-shm")
+    at_rest = _at_rest(path)  # before the first attempt, which may leave files behind
     # SQLite opens a file it may not write read-only without a word, and such a connection
     # leaves its -wal and -shm files behind: ask first.
     if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
@@ -80,6 +79,23 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+# A live connection maps the -shm index in pieces of this size: a shorter one is a leftover.
+_SHM_PIECE = 32768
+
+
+def _at_rest(path: Path) -> bool:
+    """Whether no connection has the journal open: no -wal with frames and no -shm index, but
+    for the empty ones an attempt to open it left when it failed (a full disk)."""
+    return _size(f"{path}-wal") == 0 and _size(f"{path}-shm") < _SHM_PIECE
+
+
+def _size(name: str) -> int:
+    try:
+        return os.path.getsize(name)
+    except FileNotFoundError:
+        return 0
 
 
 def _connect_read_only(path: Path, busy_timeout: float, at_rest: bool) -> sqlite3.Connection:
