@@ -1374,9 +1374,10 @@ end
 -- operator that ends visual mode (`y`) has moved the cursor, and so forgotten a `$` (see
 -- at_line_ends): that is noted before each key while visual mode lasts. An operator that
 -- changes the text (`d`, `c`, `>`, `gU`) has changed what the marks point at, or removed it:
--- the selection as it stood before that key is noted too, up to SNAPSHOT_LINES lines (each
--- key in visual mode reads it).
-local SNAPSHOT_LINES = 10000
+-- the selection as it stood before that key is noted too, up to SNAPSHOT_LINES lines and
+-- SNAPSHOT_BYTES bytes (each key in visual mode reads it: about 1 ms a key at most). A longer
+-- one changed so is not known: there is then no latest selection.
+local SNAPSHOT_LINES, SNAPSHOT_BYTES = 1000, 100000
 local selected_to_line_ends = false
 local before_key = nil -- { buf, tick, selection? } before the latest key in visual mode
 local visual_keys = api.nvim_create_namespace(NAME .. '_visual_keys')
@@ -1385,7 +1386,9 @@ local function note_visual()
   local buf = api.nvim_get_current_buf()
   before_key = { buf = buf, tick = api.nvim_buf_get_changedtick(buf) }
   local from, to = vim.fn.getpos('v'), vim.fn.getpos('.')
-  if is_file_buffer(buf) and math.abs(to[2] - from[2]) < SNAPSHOT_LINES then
+  local first, last = math.min(from[2], to[2]), math.max(from[2], to[2])
+  local bytes = vim.fn.line2byte(last + 1) - vim.fn.line2byte(first) -- -1 past the end: then small
+  if is_file_buffer(buf) and last - first < SNAPSHOT_LINES and bytes <= SNAPSHOT_BYTES then
     local mode = api.nvim_get_mode().mode:sub(1, 1)
     local ok, found = pcall(region, buf, mode, from, to, selected_to_line_ends)
     before_key.selection = ok and found or nil
@@ -1393,12 +1396,12 @@ local function note_visual()
 end
 
 -- What was selected in `buf` when visual mode ended: read at the marks, or, if the key that
--- ended it changed the text, as it stood before that key (nothing if that is not known).
+-- ended it changed the text, as it stood before that key (false if that is not known).
 local function visual_ended(buf, to_line_ends)
   local noted = before_key
   before_key = nil
   if noted and noted.buf == buf and noted.tick ~= api.nvim_buf_get_changedtick(buf) then
-    return noted.selection -- nil if it was too long to note
+    return noted.selection or false -- false: too long to note
   end
   local from, to = vim.fn.getpos("'<"), vim.fn.getpos("'>")
   -- Never an error in the user's face for a selection toolbus could not read.
@@ -1420,6 +1423,8 @@ api.nvim_create_autocmd('ModeChanged', {
       local found = is_file_buffer(args.buf) and visual_ended(args.buf, to_line_ends)
       if found then
         latest, selections = found, selections + 1
+      elseif found == false and is_file_buffer(args.buf) then
+        latest = nil -- not an older selection in its place
       end
     end
   end,

@@ -234,6 +234,12 @@ async def test_a_selection_an_operator_changed_is_the_latest_as_it_was_selected(
     user_types(nvim, "3G0ve", "v")
     user_types(nvim, "y")
     assert (await selection(client, "getLatestSelection"))["text"] == "epsilon"
+    # Longer than is noted before each key (1,000 lines): not known, and not an older one instead
+    (files / "long.txt").write_text("line\n" * 1500)
+    nvim.edit(files / "long.txt")
+    user_types(nvim, "ggVG", "V")
+    user_types(nvim, "d")
+    assert await selection(client, "getLatestSelection") == {"success": False, "message": "No selection available"}
 
 
 async def test_a_toolbus_is_shown_no_selection_made_before_it_connected(
