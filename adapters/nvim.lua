@@ -670,7 +670,6 @@ local function is_main(win)
     and vim.bo[api.nvim_win_get_buf(win)].buftype == ''
     and not vim.wo[win].previewwindow
     and not vim.wo[win].winfixbuf
-    and not vim.wo[win].diff -- the user's own :diffsplit, which a file put there would break
 end
 
 -- A window that can show `target` without a prompt or E37: it does already, or its own buffer
@@ -706,7 +705,10 @@ local function main_window(target)
         table.insert(wins, 1, current)
       end
       for _, win in ipairs(wins) do
-        if is_main(win) and can_switch(win, target) then
+        -- A window of the user's own :diffsplit only if it shows the file already: another
+        -- file put there would break that diff.
+        local shows = api.nvim_win_get_buf(win) == target
+        if is_main(win) and (shows or not vim.wo[win].diff) and can_switch(win, target) then
           return win
         end
       end

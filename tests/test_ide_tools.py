@@ -531,6 +531,9 @@ async def test_open_file_leaves_the_users_own_diff_alone(client: Client, nvim: N
     reply = await client.call_tool("openFile", {"filePath": str(files / "a.py")})
     assert text_of(reply) == f"Opened file: {files / 'a.py'}"
     assert sorted(window_buffers(nvim)) == sorted(str(files / name) for name in ("a.py", "b.txt", "c.txt"))
+    nvim.command("only | edit " + str(files / "b.txt") + " | vertical diffsplit " + str(files / "c.txt"))
+    reply = await client.call_tool("openFile", {"filePath": str(files / "b.txt")})  # shown there already
+    assert sorted(window_buffers(nvim)) == sorted(str(files / name) for name in ("b.txt", "c.txt"))
 
 
 # --- closeAllDiffTabs, and the journal --------------------------------------------------------
