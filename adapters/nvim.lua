@@ -22,6 +22,10 @@ local function normalise(name)
 end
 
 local function read_file(name)
+  local stat = vim.uv.fs_stat(name)
+  if stat and stat.type ~= 'file' and stat.type ~= 'directory' then -- a FIFO blocks Neovim; a device may never end
+    return vim.NIL
+  end
   local file = io.open(name, 'rb')
   if not file then
     return vim.NIL
@@ -1148,6 +1152,12 @@ end
 function M.diff_open(id, chan, path, old_path, text, tab_name)
   if in_cmdwin() then
     return { status = 'refused', message = CMDWIN }
+  end
+  for _, name in ipairs({ path, old_path }) do
+    local stat = vim.uv.fs_stat(normalise(name)) -- a directory is refused when accepted, in Vim's words
+    if stat and stat.type ~= 'file' and stat.type ~= 'directory' then
+      return { status = 'refused', message = ('%s is not a regular file (a %s)'):format(name, stat.type) }
+    end
   end
   local target = find_open(path)
   if target and vim.bo[target].modified then

@@ -173,6 +173,20 @@ def test_an_accept_neovim_cannot_stage_says_why_in_its_words_not_luas(
     assert command["status"] == "failed"
 
 
+def test_a_fifo_on_either_side_is_refused_before_neovim_reads_it(
+    server: StdioServer, nvim: NeovimProcess, files: Path
+) -> None:
+    """Reading a FIFO would block Neovim until someone wrote to it: every call after would fail."""
+    os.mkfifo(fifo := files / "fifo")
+    for old, new in ((fifo, files / "a.py"), (files / "a.py", fifo)):
+        arguments = {"old_file_path": str(old), "new_file_path": str(new), "new_file_contents": "x\n", "tab_name": "f"}
+        result = server.call_tool("openDiff", arguments)
+        assert result["isError"]
+        assert texts(result) == [f"openDiff: {fifo} is not a regular file (a fifo). Nothing was opened"]
+    assert tabs(nvim) == 1
+    assert not server.call_tool("getOpenEditors", {}).get("isError")  # Neovim is free
+
+
 def test_the_users_edits_to_the_proposal_are_what_is_written(
     server: StdioServer, nvim: NeovimProcess, files: Path, journal: JournalReader
 ) -> None:
