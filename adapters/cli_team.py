@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolbus.adapters.config import Settings
-from toolbus.bus import JournalNotFound, typed_path
+from toolbus.bus import JournalNotFound, JournalUnavailable, typed_path
 from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url, shown
 
 if TYPE_CHECKING:  # psycopg loads only for the commands that use it
@@ -107,6 +108,7 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
     from toolbus.journal.postgres.copy import copy_journal
     from toolbus.journal.sqlite import SqliteReader
     from toolbus.journal.sqlite.readonly import require_journal
+    from toolbus.journal.sqlite.store import explain_sqlite
 
     if why := not_a_file(args.source):
         raise ValueError(f"SQLITE_FILE: expected the local journal's file, got {why} (the team's URL comes second)")
@@ -119,6 +121,8 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
     source, target = SqliteReader(source_path), PostgresJournal(url)
     try:
         copied = copy_journal(source, target)
+    except sqlite3.DatabaseError as error:  # the source, damaged: `_run` would name --journal's file
+        raise JournalUnavailable(f"{explain_sqlite(source_path, error)}; batches before it were copied") from None
     finally:
         source.close()
         target.close()

@@ -402,10 +402,8 @@ def test_a_full_disk_under_stdout_is_one_line(
     assert (run.returncode, run.stderr) == (1, f"{who}: cannot write its output: No space left on device\n")
 
 
-def test_a_damaged_journal_is_said_in_one_line_by_every_command_that_reads_it(tmp_path: Path) -> None:
-    """A journal cut short (a disk that failed, a copy stopped half way): its header reads
-    well, its pages do not. No traceback, and nothing written."""
-    path = tmp_path / "journal.db"
+def damaged_journal(path: Path) -> Path:
+    """A journal of 100 notes cut short at 8 KiB: its header reads well, its pages do not."""
     journal = SqliteJournal(path)
     try:
         caller = Caller(agent="claude", department="platform")
@@ -416,6 +414,13 @@ def test_a_damaged_journal_is_said_in_one_line_by_every_command_that_reads_it(tm
         journal.close()
     with open(path, "r+b") as file:
         file.truncate(8192)
+    return path
+
+
+def test_a_damaged_journal_is_said_in_one_line_by_every_command_that_reads_it(tmp_path: Path) -> None:
+    """A journal cut short (a disk that failed, a copy stopped half way): its header reads
+    well, its pages do not. No traceback, and nothing written."""
+    path = damaged_journal(tmp_path / "journal.db")
     before = snapshot(tmp_path)
     for command in (("audit",), ("history", "/src/a.py"), ("recover", "5"), ("replay", "memory", "--check")):
         run = cli(*command, "--journal", path)

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import HERE, begin_and_die, observation, record, saved
 from tests.postgres_server import Team, with_database
+from tests.test_cli_errors import damaged_journal
 from toolbus.bus import Caller, FileReplayed, FileRestored, FileWriteInDoubt
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.postgres.copy import COMMANDS_PER_BATCH as copy_batch
@@ -626,3 +627,12 @@ def test_a_team_journal_of_a_newer_schema_is_refused_and_never_brought_down(team
         assert run.returncode == 2 and "has schema version 99, newer than this toolbus understands" in run.stderr
         assert "upgrade toolbus" in run.stderr and "Traceback" not in run.stderr
     assert admin_rows(team, "SELECT value FROM meta WHERE key = 'schema_version'") == [("99",)]
+
+
+def test_a_copy_of_a_damaged_journal_names_it(team: Team, tmp_path: Path) -> None:
+    """Not the journal --journal names (the user's own), which the copy never read."""
+    source = damaged_journal(tmp_path / "laptop.db")
+    run = cli("journal", "copy", str(source), team.url("alice"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    [line] = run.stderr.splitlines()
+    assert line.startswith(f"toolbus journal: the journal at {source} is damaged")

@@ -67,6 +67,8 @@ def open_readonly(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
             conn = _connect(path, busy_timeout, uri_mode=None)
         except sqlite3.OperationalError:
             conn = _connect_read_only(path, busy_timeout, at_rest)
+        except sqlite3.DatabaseError as error:  # damaged: no other way of opening it does better
+            raise JournalUnavailable(explain_sqlite(path, error)) from None
     else:
         conn = _connect_read_only(path, busy_timeout, at_rest)
     try:
@@ -112,6 +114,8 @@ def _connect_read_only(path: Path, busy_timeout: float, at_rest: bool) -> sqlite
             f"cannot read the journal at {path}: {error}; SQLite needs to create {path.name}-shm beside"
             " its write-ahead log to read it: copy the journal with its -wal file somewhere writable"
         ) from None
+    except sqlite3.DatabaseError as error:
+        raise JournalUnavailable(explain_sqlite(path, error)) from None
 
 
 def _connect(path: Path, busy_timeout: float, uri_mode: str | None) -> sqlite3.Connection:
