@@ -262,14 +262,22 @@ def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> N
 
 def test_a_team_journal_without_latest_observation_time_saves_at_the_clock_until_init_adds_it(team: Team) -> None:
     """A journal of schema 2: an agent of a newer toolbus saves as before, at its server's
-    clock, until its admin runs `journal init` again."""
+    clock, until its admin runs `journal init` again; then even a server running since before."""
     with connect(team.admin_url) as conn:
         conn.execute("DROP FUNCTION toolbus.latest_observation_time()")
     _save_at(team, "bob", "bob's", NEW_YEAR_MS + 60_000)
-    assert _save_at(team, "alice", "as before", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS
-    with connect(team.admin_url) as conn:
-        init_schema(conn)
-    assert _save_at(team, "alice", "in order", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS + 60_001
+    running = PostgresJournal(team.url("alice"))
+    try:
+        assert _save_at(team, "alice", "as before", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS
+        with connect(team.admin_url) as conn:
+            init_schema(conn)
+        assert _save_at(team, "alice", "in order", NEW_YEAR_MS).event.created_at_epoch == NEW_YEAR_MS + 60_001
+        caller = _as(team, "alice")
+        note = observation("by a server running before", "x", caller=caller, at=NEW_YEAR_MS)
+        [timed] = anyio.run(lambda: running.finish(record("save", caller=caller), None, "ok", events=[note]))
+    finally:
+        running.close()
+    assert timed.event.created_at_epoch == NEW_YEAR_MS + 60_002
 
 
 def test_init_runs_again_without_changing_anything(team: Team) -> None:

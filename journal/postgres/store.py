@@ -353,16 +353,27 @@ class PostgresJournal:
     ) -> list[Appended[E]]:
         outcome = Outcome(record, status, error, events, blobs)
         key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
-        keeps_pending, times = self._keeps_pending, self._times_observations
-        appended = await self.run(
-            lambda conn: _record(
+        keeps_pending = self._keeps_pending
+
+        def work(conn: Connection) -> list[Appended[Event]]:
+            times = self._times(conn, events)
+            return _record(
                 conn, outcome, command_id, key, ids, finished_ns, keeps_pending=keeps_pending, times_observations=times
             )
-        )
+
+        appended = await self.run(work)
         return cast(list[Appended[E]], appended)  # as stored: each event of the type it was given
 
+    def _times(self, conn: Connection, events: Sequence[Event]) -> bool:
+        """Whether to time `events`' observations after the journal's latest: the journal has
+        `latest_observation_time()` (schema 3), known at start or learnt since, when an admin
+        ran `journal init` while this server ran. Asked again only of a save on an older one."""
+        if not self._times_observations and any(isinstance(event, ObservationSaved) for event in events):
+            self._times_observations = times_observations(conn)
+        return self._times_observations
+
     async def append(self, command_id: int, events: Sequence[E], blobs: Mapping[str, bytes]) -> list[Appended[E]]:
-        ids, recorded_at, times = event_ids(len(events)), iso_time(time.time_ns()), self._times_observations
+        ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
 
         def work(conn: Connection) -> list[Appended[Event]]:
             with conn.transaction():
@@ -371,7 +382,7 @@ class PostgresJournal:
                 owner = conn.execute("SELECT agent, department FROM commands WHERE id = %s", (command_id,)).fetchone()
                 if owner is None:
                     raise JournalUnavailable(f"no command {command_id} in the team journal to append to")
-                timed = _timed(conn, events) if times else events
+                timed = _timed(conn, events) if self._times(conn, events) else events
                 return _append(conn, command_id, owner[0], owner[1], timed, ids, recorded_at)
 
         return cast(list[Appended[E]], await self.run(work))
