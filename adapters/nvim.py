@@ -675,11 +675,9 @@ _OPEN_FILE_ASKS = ("startLine", "endLine", "startText", "endText", "selectToEndO
 
 
 def _selection(found: Mapping[str, Any] | None) -> Selection | None:
-    if found is None:
-        return None
-    # Bytes that are not UTF-8 (a Latin-1 file) arrive surrogate-escaped; a reply carries U+FFFD.
-    text = str(found["text"]).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return msgspec.convert({**found, "text": text}, Selection)
+    # Bytes that are not UTF-8 (a Latin-1 file) arrive surrogate-escaped: the reply's render
+    # carries them as U+FFFD, as every other text from Neovim.
+    return None if found is None else msgspec.convert(found, Selection)
 
 
 def _lua_call(function: str) -> str:

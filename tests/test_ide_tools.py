@@ -594,7 +594,7 @@ async def test_a_name_that_is_not_utf8_is_answered_with_a_replacement_character(
     os.mkdir(folder)
     name = folder + b"/caf\xe9.txt"
     with open(name, "wb") as file:
-        file.write(b"alpha\n")
+        file.write(b"caf\xe9\n")
     nvim.lua(
         "local folder, name = ... vim.cmd.cd(vim.fn.fnameescape(folder)) vim.cmd.edit(vim.fn.fnameescape(name))",
         folder,
@@ -604,5 +604,8 @@ async def test_a_name_that_is_not_utf8_is_answered_with_a_replacement_character(
     [tab] = json_of(await client.call_tool("getOpenEditors", {}))["tabs"]
     assert tab["label"] == "caf\ufffd.txt" and tab["uri"].lower().endswith("/d%e9/caf%e9.txt")  # a URI keeps the bytes
     assert (await selection(client))["filePath"] == shown
+    user_types(nvim, "ggv$", "v")  # its text is Latin-1 too, which Neovim reads as such
+    assert (await selection(client))["text"] == "café"
+    user_types(nvim, "<Esc>")
     folders = json_of(await client.call_tool("getWorkspaceFolders", {}))
     assert folders["rootPath"] == f"{files}/d\ufffd"
