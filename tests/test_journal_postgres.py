@@ -3,10 +3,14 @@ from the login, visibility and append-only rows enforced by the database, idempo
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -17,6 +21,7 @@ from tests.journal_contract import NEW_YEAR_MS, JournalContract, observation, re
 from tests.postgres_server import Team, drop_database, initialised_database
 from toolbus.bus import (
     Appended,
+    AuditQuery,
     Caller,
     Event,
     JournalReader,
@@ -33,7 +38,8 @@ from toolbus.journal.postgres import (
     init_schema,
 )
 from toolbus.journal.postgres import reader as reader_module
-from toolbus.journal.postgres.store import _record
+from toolbus.journal.postgres import store as store_module
+from toolbus.journal.postgres.store import _record, answered_within, answers
 from toolbus.journal.rows import Outcome, event_ids
 
 
@@ -326,3 +332,97 @@ def test_a_server_that_stops_answering_is_given_up_on_not_waited_for(
         admin.execute("LOCK TABLE meta IN ACCESS EXCLUSIVE MODE")  # held until the block ends
         with pytest.raises(JournalUnavailable, match=r"did not answer within 0\.5 s: check the server"):
             PostgresReader(team.url("alice"))
+
+
+@contextlib.contextmanager
+def paused_server(team: Team, role: str) -> Iterator[None]:
+    """The whole server stopped, as on a hung machine: the postmaster (no new connection is
+    answered) and the backend of `role`'s toolbus connection to the team's database."""
+    with psycopg.connect(team.admin_url) as admin:
+        [(backend,)] = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = 'toolbus'"
+            " AND datname = current_database()",
+            (role,),
+        ).fetchall()
+    postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    for pid in (postmaster, backend):
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in (postmaster, backend):
+            os.kill(pid, signal.SIGCONT)
+
+
+def raised_within(seconds: float, work: Callable[[], object]) -> BaseException | None:
+    """What `work` raised, run on a thread (None if nothing); a failure if it has not ended
+    within `seconds`."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            work()
+            raised.append(None)
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert raised, f"still waiting after {seconds} s"
+    return raised[0]
+
+
+def test_a_long_statement_goes_on_while_the_server_answers_others(team: Team) -> None:
+    """Past its answer time, a statement is given up on only if a new connection is not answered
+    either: a big audit on a busy server is slow, not stopped."""
+    asked: list[bool] = []
+
+    def alive() -> bool:
+        asked.append(answers(team.admin_url, "the test's server"))
+        return asked[-1]
+
+    with psycopg.connect(team.admin_url) as conn:
+        with answered_within(conn, 0.2, "the test's server", alive):
+            assert conn.execute("SELECT pg_sleep(0.7)::text, 1").fetchone() == ("", 1)
+        assert asked and all(asked)
+    with (
+        psycopg.connect(team.admin_url) as conn,
+        pytest.raises(JournalUnavailable, match=r"did not answer within 0\.2 s"),
+        answered_within(conn, 0.2, "the test's server", lambda: False),
+    ):
+        conn.execute("SELECT pg_sleep(0.7)")
+
+
+def test_a_reader_gives_up_on_a_server_that_stops_mid_read(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`toolbus audit`, `history`, `recover` read statement after statement: one the stopped
+    server never answers ends in an error, not a hang."""
+    monkeypatch.setattr(reader_module, "ANSWER_TIMEOUT", 0.5)
+    monkeypatch.setattr(store_module, "CONNECT_TIMEOUT", 2)  # the least libpq takes
+    _save_notes(team, "alice")
+    reader = PostgresReader(team.url("alice"))
+    try:
+        assert list(reader.audit(AuditQuery(limit=None)))
+        with paused_server(team, team.roles["alice"]):
+            raised = raised_within(30, lambda: list(reader.audit(AuditQuery(limit=None))))
+        assert isinstance(raised, JournalUnavailable), raised
+        assert "did not answer within 0.5 s: check the server" in str(raised)
+    finally:
+        reader.close()
+
+
+def test_a_rebuild_or_copy_gives_up_on_a_server_that_stops_and_goes_on_once_it_is_back(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "CONNECT_TIMEOUT", 2)
+    _save_notes(team, "alice")
+    journal = PostgresJournal(team.admin_url, lock_timeout=0.25)
+    try:
+        rebuilt = journal.rebuild_memory()
+        with paused_server(team, journal.agent):
+            raised = raised_within(30, journal.rebuild_memory)
+        assert isinstance(raised, JournalUnavailable), raised
+        assert "did not answer within 0.5 s" in str(raised)
+        assert journal.rebuild_memory() == rebuilt  # a new connection, once the server answers
+    finally:
+        journal.close()

@@ -6,6 +6,7 @@ and the observations it may see); the admin's reads everything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from toolbus.journal.postgres.store import (
     Connection,
     PostgresJournal,
     answered_within,
+    answers,
     check_journal,
     connect,
 )
@@ -50,6 +52,7 @@ _BATCH = 200
 
 class PostgresReader:
     def __init__(self, url: str) -> None:
+        self._url = url
         self._conn: Connection = connect(url)
         self._conn.read_only = True
         self.location = shown(url)
@@ -57,7 +60,8 @@ class PostgresReader:
             self.agent, self.department, self.administers = check_journal(self._conn, self.location)
 
     def schema_version(self) -> int | None:
-        return schema_version(self._conn)
+        with self._answered():
+            return schema_version(self._conn)
 
     def audit(self, query: AuditQuery) -> Iterator[AuditEntry]:
         entries = self._entries(self._rows(*_command_sql(query)))
@@ -116,14 +120,15 @@ class PostgresReader:
             after = rows[-1]["position"]
 
     def blob(self, digest: str) -> bytes | None:
-        return blob_content(self._conn, digest)
+        with self._answered():
+            return blob_content(self._conn, digest)
 
     def check_memory(self) -> MemoryCheck:
         # The rebuild goes to a temporary table, which a read-only transaction may not create;
         # nothing else is written, and the table goes with the transaction.
         self._conn.read_only = False
         try:
-            with self._conn.transaction():
+            with self._answered(), self._conn.transaction():
                 return check_memory(self._conn)
         finally:
             self._conn.read_only = True
@@ -137,8 +142,13 @@ class PostgresReader:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    def _answered(self) -> contextlib.AbstractContextManager[None]:
+        """Each statement's wait, given up on when the server stops answering anyone; a long
+        one on a busy server goes on."""
+        return answered_within(self._conn, ANSWER_TIMEOUT, self.location, lambda: answers(self._url, self.location))
+
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
+        with self._answered(), self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
             return cursor.execute(sql, params).fetchall()
 
     def _one(self, column: str, value: object, shown: str) -> StoredEvent:

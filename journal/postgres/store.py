@@ -98,32 +98,63 @@ ANSWER_TIMEOUT = 2 * LOCK_TIMEOUT
 
 
 @contextlib.contextmanager
-def answered_within(conn: Connection, seconds: float, location: str) -> Iterator[None]:
+def answered_within(
+    conn: Connection, seconds: float, location: str, alive: Callable[[], bool] | None = None
+) -> Iterator[None]:
     """Give up on the server if the work has not ended within `seconds`: the connection's socket
     is shut, and the wait ends in `JournalUnavailable`. A server that stopped (a hung disk, a
     paused process) has its kernel acknowledge every packet, so no TCP timeout or keepalive
-    ends that wait; a network that dropped them is ended by `tcp_user_timeout` too. For short
-    work only (a login's check): it bounds the whole of it, not a silence."""
+    ends that wait; a network that dropped them is ended by `tcp_user_timeout` too.
+
+    Without `alive`, `seconds` bounds the whole of the work (a login's check). With it, long
+    work (an audit of everything, a rebuild) goes on for as long as `alive()`, asked every
+    `seconds`, finds the server answering others: only a server that answers nobody is given
+    up on."""
+    ended = threading.Event()
     gave_up = threading.Event()
+    deciding = threading.Lock()  # the work's end and the giving up: one or the other
 
     def give_up() -> None:
-        gave_up.set()
-        with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.fileno())) as copy:
-            copy.shutdown(socket.SHUT_RDWR)  # the socket itself: every descriptor of it
+        with deciding:
+            if ended.is_set():
+                return
+            gave_up.set()
+            with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.fileno())) as copy:
+                copy.shutdown(socket.SHUT_RDWR)  # the socket itself: every descriptor of it
 
-    timer = threading.Timer(seconds, give_up)
-    timer.daemon = True
-    timer.start()
+    def watch() -> None:
+        while not ended.wait(seconds):
+            if alive is None or not alive():
+                give_up()
+                return
+
+    watcher = threading.Thread(target=watch, name="toolbus-answer-watch", daemon=True)
+    watcher.start()
+    unanswered = JournalUnavailable(
+        f"the team journal at {location} did not answer within {seconds:g} s: check the server, and try again"
+    )
     try:
         yield
     except psycopg.Error:
         if not gave_up.is_set():
             raise
-        raise JournalUnavailable(
-            f"the team journal at {location} did not answer within {seconds:g} s: check the server, and try again"
-        ) from None
+        raise unanswered from None
     finally:
-        timer.cancel()
+        with deciding:
+            ended.set()
+    if gave_up.is_set():  # the answer came as the socket was shut: the connection is gone all the same
+        raise unanswered
+
+
+def answers(url: str, location: str) -> bool:
+    """Whether the server at `url` answers a new connection's query: a server busy with a long
+    statement does, a stopped one does not."""
+    try:
+        with connect(url) as probe, answered_within(probe, CONNECT_TIMEOUT, location):
+            probe.execute("SELECT 1")
+    except (JournalUnavailable, psycopg.Error):
+        return False
+    return True
 
 
 class NotAnAgent(JournalUnavailable):
@@ -210,20 +241,28 @@ class PostgresJournal:
     # --- the connection and its thread ------------------------------------------------------
 
     def _connection(self) -> Connection:
-        if self._conn is None or self._conn.closed:
+        if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = connect(self.url, self.lock_timeout)
         return self._conn
 
     def run_sync(self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in this thread with the connection, serialised with every other use. A
-        connection found broken, or refused in a way a change of this login's registration
-        explains, is opened again and `work` sent once more: every `work` here is safe to
-        repeat (its keys make a second commit find the first)."""
+        """Run `work` in this thread with the connection, serialised with every other use, for
+        a caller with no timeout of its own (a copy, a rebuild): a server that stops answering
+        anyone is given up on (`answered_within`)."""
+        return self._attempts(work, watched=True)
+
+    def _attempts(self, work: Callable[[Connection], T], watched: bool) -> T:
+        """`work` with the connection. A connection found broken, or refused in a way a change
+        of this login's registration explains, is opened again and `work` sent once more:
+        every `work` here is safe to repeat (its keys make a second commit find the first)."""
         with self._lock:
             for attempt in (1, 2):
                 conn = self._connection()
                 try:
-                    return work(conn)
+                    if not watched:
+                        return work(conn)
+                    with answered_within(conn, self.answer_timeout, self.location, self._answers):
+                        return work(conn)
                 except psycopg.OperationalError as error:
                     if not conn.closed and not conn.broken:
                         raise self._unavailable(error) from error
@@ -266,6 +305,9 @@ class PostgresJournal:
             f"{login.department!r}: restart toolbus to record calls as {login.department!r}"
         )
 
+    def _answers(self) -> bool:
+        return answers(self.url, self.location)
+
     def _unavailable(self, error: psycopg.Error) -> JournalUnavailable:
         return JournalUnavailable(f"the team journal at {self.location} failed: {reason(error)}")
 
@@ -286,8 +328,8 @@ class PostgresJournal:
         answered = threading.Event()
 
         def run_and_note(work: Callable[[Connection], T]) -> T:
-            try:
-                return self.run_sync(work)
+            try:  # bounded by the wait below, not watched
+                return self._attempts(work, watched=False)
             finally:
                 answered.set()
 
