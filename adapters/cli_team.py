@@ -56,14 +56,17 @@ def _team_url(text: str) -> str:
 
 @contextlib.contextmanager
 def _as_admin(url: str) -> Iterator[psycopg.Connection[Any]]:
-    """The admin's connection; PostgreSQL's refusal said in one line, with what to do."""
+    """The admin's connection, given up on if the server stops answering anyone; PostgreSQL's
+    refusal said in one line, with what to do."""
     import psycopg
 
     from toolbus.journal.postgres import connect
+    from toolbus.journal.postgres.store import ANSWER_TIMEOUT, answered_within, answers
 
     with connect(url) as conn:
         try:
-            yield conn
+            with answered_within(conn, ANSWER_TIMEOUT, shown(url), lambda: answers(url, shown(url))):
+                yield conn
         except psycopg.errors.InsufficientPrivilege as error:
             raise ValueError(
                 f"{error.diag.message_primary}: run this as the team's admin (the role that ran "
