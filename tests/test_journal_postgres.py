@@ -335,42 +335,50 @@ def test_a_server_that_stops_answering_is_given_up_on_not_waited_for(
 
 
 @contextlib.contextmanager
-def paused_server(team: Team, role: str) -> Iterator[None]:
+def paused_server(team: Team, *roles: str) -> Iterator[None]:
     """The whole server stopped, as on a hung machine: the postmaster (no new connection is
-    answered) and the backend of `role`'s toolbus connection to the team's database."""
+    answered) and the backends of `roles`' toolbus connections to the team's database."""
     with psycopg.connect(team.admin_url) as admin:
-        [(backend,)] = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = 'toolbus'"
-            " AND datname = current_database()",
-            (role,),
-        ).fetchall()
-    postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    for pid in (postmaster, backend):
+        backends = [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE usename = ANY(%s) AND application_name = 'toolbus'"
+                " AND datname = current_database()",
+                (list(roles),),
+            )
+        ]
+    assert len(backends) == len(roles)
+    postmaster = int(Path(f"/proc/{backends[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    stopped = [postmaster, *backends]
+    for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        for pid in (postmaster, backend):
+        for pid in stopped:
             os.kill(pid, signal.SIGCONT)
 
 
-def raised_within(seconds: float, work: Callable[[], object]) -> BaseException | None:
-    """What `work` raised, run on a thread (None if nothing); a failure if it has not ended
-    within `seconds`."""
-    raised: list[BaseException | None] = []
+def raised_within(seconds: float, *works: Callable[[], object]) -> list[BaseException | None]:
+    """What each of `works` raised (None if nothing), run side by side on threads; a failure if
+    one has not ended within `seconds`."""
+    raised: dict[int, BaseException | None] = {}
 
-    def run() -> None:
+    def run(index: int, work: Callable[[], object]) -> None:
         try:
             work()
-            raised.append(None)
+            raised[index] = None
         except BaseException as error:
-            raised.append(error)
+            raised[index] = error
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert raised, f"still waiting after {seconds} s"
-    return raised[0]
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in enumerate(works)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert len(raised) == len(works), f"still waiting after {seconds} s"
+    return [raised[index] for index in range(len(works))]
 
 
 def test_a_long_statement_goes_on_while_the_server_answers_others(team: Team) -> None:
@@ -394,35 +402,26 @@ def test_a_long_statement_goes_on_while_the_server_answers_others(team: Team) ->
         conn.execute("SELECT pg_sleep(0.7)")
 
 
-def test_a_reader_gives_up_on_a_server_that_stops_mid_read(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`toolbus audit`, `history`, `recover` read statement after statement: one the stopped
-    server never answers ends in an error, not a hang."""
+def test_readers_rebuilds_and_copies_give_up_on_a_server_that_stops_and_go_on_once_it_is_back(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`toolbus audit`, `history`, `recover` read statement after statement, `replay memory` and
+    `journal copy` write: one the stopped server never answers ends in an error, not a hang."""
     monkeypatch.setattr(reader_module, "ANSWER_TIMEOUT", 0.5)
     monkeypatch.setattr(store_module, "CONNECT_TIMEOUT", 2)  # the least libpq takes
     _save_notes(team, "alice")
     reader = PostgresReader(team.url("alice"))
-    try:
-        assert list(reader.audit(AuditQuery(limit=None)))
-        with paused_server(team, team.roles["alice"]):
-            raised = raised_within(30, lambda: list(reader.audit(AuditQuery(limit=None))))
-        assert isinstance(raised, JournalUnavailable), raised
-        assert "did not answer within 0.5 s: check the server" in str(raised)
-    finally:
-        reader.close()
-
-
-def test_a_rebuild_or_copy_gives_up_on_a_server_that_stops_and_goes_on_once_it_is_back(
-    team: Team, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store_module, "CONNECT_TIMEOUT", 2)
-    _save_notes(team, "alice")
     journal = PostgresJournal(team.admin_url, lock_timeout=0.25)
     try:
+        audited = list(reader.audit(AuditQuery(limit=None)))
         rebuilt = journal.rebuild_memory()
-        with paused_server(team, journal.agent):
-            raised = raised_within(30, journal.rebuild_memory)
-        assert isinstance(raised, JournalUnavailable), raised
-        assert "did not answer within 0.5 s" in str(raised)
+        assert audited and rebuilt
+        with paused_server(team, team.roles["alice"], journal.agent):
+            raised = raised_within(30, lambda: list(reader.audit(AuditQuery(limit=None))), journal.rebuild_memory)
+        assert all(isinstance(error, JournalUnavailable) for error in raised), raised
+        assert "did not answer within 0.5 s: check the server" in str(raised[0])
+        assert "did not answer within 0.5 s" in str(raised[1])
         assert journal.rebuild_memory() == rebuilt  # a new connection, once the server answers
     finally:
+        reader.close()
         journal.close()
