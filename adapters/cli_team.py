@@ -61,11 +61,11 @@ def _as_admin(url: str) -> Iterator[psycopg.Connection[Any]]:
     import psycopg
 
     from toolbus.journal.postgres import connect
-    from toolbus.journal.postgres.store import ANSWER_TIMEOUT, answered_within, answers
+    from toolbus.journal.postgres.store import ANSWER_TIMEOUT, answered_within, server_answers
 
     with connect(url) as conn:
         try:
-            with answered_within(conn, ANSWER_TIMEOUT, shown(url), lambda: answers(url, shown(url))):
+            with answered_within(conn, ANSWER_TIMEOUT, shown(url), server_answers(conn, url, shown(url))):
                 yield conn
         except psycopg.errors.InsufficientPrivilege as error:
             raise ValueError(

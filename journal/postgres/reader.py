@@ -42,9 +42,9 @@ from toolbus.journal.postgres.store import (
     Connection,
     PostgresJournal,
     answered_within,
-    answers,
     check_journal,
     connect,
+    server_answers,
 )
 
 _BATCH = 200
@@ -131,7 +131,8 @@ class PostgresReader:
             with self._answered(), self._conn.transaction():
                 return check_memory(self._conn)
         finally:
-            self._conn.read_only = True
+            if not self._conn.closed:  # not one given up on: its error is the one to tell
+                self._conn.read_only = True
 
     def counts(self) -> tuple[int, int]:
         [row] = self._rows("SELECT (SELECT count(*) FROM commands) AS c, (SELECT count(*) FROM events) AS e", ())
@@ -145,7 +146,8 @@ class PostgresReader:
     def _answered(self) -> contextlib.AbstractContextManager[None]:
         """Each statement's wait, given up on when the server stops answering anyone; a long
         one on a busy server goes on."""
-        return answered_within(self._conn, ANSWER_TIMEOUT, self.location, lambda: answers(self._url, self.location))
+        alive = server_answers(self._conn, self._url, self.location)
+        return answered_within(self._conn, ANSWER_TIMEOUT, self.location, alive)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         with self._answered(), self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:

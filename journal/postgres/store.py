@@ -132,6 +132,9 @@ def answered_within(
     watcher.start()
     unanswered = JournalUnavailable(
         f"the team journal at {location} did not answer within {seconds:g} s: check the server, and try again"
+        if alive is None
+        else f"the team journal at {location} stopped answering: a statement waited {seconds:g} s, and a new "
+        "connection to the server was not answered either: check the server, and try again"
     )
     try:
         yield
@@ -146,15 +149,30 @@ def answered_within(
         raise unanswered
 
 
-def answers(url: str, location: str) -> bool:
-    """Whether the server at `url` answers a new connection's query: a server busy with a long
-    statement does, a stopped one does not."""
-    try:
-        with connect(url) as probe, answered_within(probe, CONNECT_TIMEOUT, location):
-            probe.execute("SELECT 1")
-    except (JournalUnavailable, psycopg.Error):
-        return False
-    return True
+def server_answers(conn: Connection, url: str, location: str) -> Callable[[], bool]:
+    """`answered_within`'s `alive` for `conn`: whether the server it reached (that address, not
+    another of the URL's hosts) answers a new connection. A busy server does, if only to refuse
+    it (too many connections); a stopped one lets the login time out."""
+    info = conn.info
+    host, port, hostaddr = info.host, info.port, info.hostaddr or None  # a socket's has none
+
+    def answers() -> bool:
+        try:
+            probe = psycopg.connect(
+                url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, host=host, port=port, hostaddr=hostaddr
+            )
+        except psycopg.errors.ConnectionTimeout:
+            return False
+        except psycopg.Error:  # refused in the server's words; a network gone ends `conn` by itself
+            return True
+        try:
+            with probe, answered_within(probe, CONNECT_TIMEOUT, location):
+                probe.execute("SELECT 1")
+        except (JournalUnavailable, psycopg.Error):
+            return False
+        return True
+
+    return answers
 
 
 class NotAnAgent(JournalUnavailable):
@@ -241,7 +259,7 @@ class PostgresJournal:
     # --- the connection and its thread ------------------------------------------------------
 
     def _connection(self) -> Connection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
+        if self._conn is None or self._conn.closed:
             self._conn = connect(self.url, self.lock_timeout)
         return self._conn
 
@@ -261,7 +279,8 @@ class PostgresJournal:
                 try:
                     if not watched:
                         return work(conn)
-                    with answered_within(conn, self.answer_timeout, self.location, self._answers):
+                    alive = server_answers(conn, self.url, self.location)
+                    with answered_within(conn, self.answer_timeout, self.location, alive):
                         return work(conn)
                 except psycopg.OperationalError as error:
                     if not conn.closed and not conn.broken:
@@ -304,9 +323,6 @@ class PostgresJournal:
             f"since toolbus started, the team's admin moved it from department {self.department!r} to "
             f"{login.department!r}: restart toolbus to record calls as {login.department!r}"
         )
-
-    def _answers(self) -> bool:
-        return answers(self.url, self.location)
 
     def _unavailable(self, error: psycopg.Error) -> JournalUnavailable:
         return JournalUnavailable(f"the team journal at {self.location} failed: {reason(error)}")
