@@ -458,7 +458,10 @@ def run_replay_editor(args: argparse.Namespace, settings: Settings) -> int:
     if start is not None and end is not None and start > end:
         raise ValueError(f"--from {start} is after --to {end}: no event could be replayed")
     if not args.dry_run and not settings.nvim:
-        raise ValueError("--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to")
+        raise ValueError(
+            "--nvim ADDRESS is required: the Neovim to re-apply the saves and closes to (a replay"
+            " changes files, so it goes only where it is told: $TOOLBUS_NVIM and $NVIM are not used)"
+        )
     with _reading(settings) as reader:
         _refuse_another_login(settings, reader)
         whose = _whose(settings, reader)

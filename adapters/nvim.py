@@ -715,7 +715,7 @@ async def _within(awaitable: Awaitable[T], timeout: float) -> T:
 def _unreachable(address: str, error: BaseException) -> EditorUnavailable:
     return EditorUnavailable(
         f"Neovim at {address} is not reachable ({error or type(error).__name__}): is it running? "
-        "Check the address with :echo v:servername and pass it with --nvim or $TOOLBUS_NVIM"
+        "Check the address with :echo v:servername and pass it with --nvim (or, to serve, $TOOLBUS_NVIM)"
     )
 
 

@@ -357,7 +357,11 @@ def test_replay_editor_goes_only_to_the_neovim_it_is_named(tmp_path: Path) -> No
     journal = tmp_path / "journal.db"
     run = cli("replay", "editor", "--journal", journal, env={"TOOLBUS_NVIM": str(tmp_path / "nvim.sock")})
     assert run.code == 2 and "--nvim ADDRESS is required" in run.err
+    assert "$TOOLBUS_NVIM and $NVIM are not used" in run.err
     assert not journal.exists()
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "journal-schema5.db", journal)  # saves to replay
+    gone = cli("replay", "editor", "--journal", journal, "--all-hosts", "--nvim", tmp_path / "nvim.sock")
+    assert gone.code == 2 and "pass it with --nvim (or, to serve, $TOOLBUS_NVIM)" in gone.err, gone.err
     help_text = " ".join(cli("replay", "editor", "--help").out.split())
     assert "--nvim ADDRESS socket path or host:port of the Neovim to replay to (required unless --dry-run)" in help_text
 
