@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import cast, get_args
+from typing import TypeVar, cast, get_args
 
 from toolbus.bus import Caller, typed_path
 from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url
@@ -27,6 +27,8 @@ class Settings:
     journal_sync: SyncMode
     journal_busy_timeout: float
 
+
+T = TypeVar("T")
 
 JOURNAL_HELP = (
     "journal file, or a team journal's postgresql:// URL ($TOOLBUS_JOURNAL; default $XDG_STATE_HOME/toolbus/journal.db)"
@@ -77,10 +79,10 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     return Settings(
         journal=journal_location(journal, env),
         nvim=getattr(args, "nvim", None),
-        nvim_timeout=_positive(_first(getattr(args, "nvim_timeout", None), env.get("TOOLBUS_NVIM_TIMEOUT"), 5.0)),
+        nvim_timeout=_positive(*_chosen(getattr(args, "nvim_timeout", None), "--nvim-timeout", env, 5.0)),
         agent=getattr(args, "agent", None) or env.get("TOOLBUS_AGENT") or None,
         department=getattr(args, "department", None) or env.get("TOOLBUS_DEPARTMENT") or None,
-        journal_sync=_sync_mode(getattr(args, "journal_sync", None) or env.get("TOOLBUS_JOURNAL_SYNC") or "FULL"),
+        journal_sync=_sync_mode(*_chosen(getattr(args, "journal_sync", None), "--journal-sync", env, "FULL")),
         # How long a write waits for a lock another process holds (a team journal: and twice
         # that for a server that does not answer).
         journal_busy_timeout=_positive(env.get("TOOLBUS_JOURNAL_TIMEOUT") or 5.0, "$TOOLBUS_JOURNAL_TIMEOUT"),
@@ -106,9 +108,14 @@ def journal_location(given: str | None, env: Mapping[str, str]) -> Path | str:
 LONGEST_TIMEOUT = 86_400
 
 
-def _first(*values: float | str | None) -> float | str:
-    """The first value that was given at all (0 counts: it is refused, not replaced)."""
-    return next(value for value in values if value is not None and value != "")
+def _chosen(flag: float | str | None, option: str, env: Mapping[str, str], default: T) -> tuple[float | str | T, str]:
+    """The flag's value if it was given at all (0 counts: it is refused, not replaced), else its
+    environment variable's (`--nvim-timeout`: `$TOOLBUS_NVIM_TIMEOUT`), else `default`; with the
+    name an error about it should quote, so that a value set in the environment is found there."""
+    if flag is not None and flag != "":
+        return flag, option
+    variable = "TOOLBUS_" + option.removeprefix("--").replace("-", "_").upper()
+    return env.get(variable) or default, f"${variable}"
 
 
 def _positive(value: float | str, option: str = "--nvim-timeout") -> float:
@@ -122,10 +129,10 @@ def _positive(value: float | str, option: str = "--nvim-timeout") -> float:
     return number
 
 
-def _sync_mode(value: str) -> SyncMode:
-    mode = value.upper()
+def _sync_mode(value: float | str, option: str) -> SyncMode:
+    mode = str(value).upper()
     if mode not in get_args(SyncMode):
-        raise ValueError(f"--journal-sync: expected {' or '.join(get_args(SyncMode))}, got {value}")
+        raise ValueError(f"{option}: expected {' or '.join(get_args(SyncMode))}, got {value}")
     return cast(SyncMode, mode)
 
 

@@ -75,15 +75,15 @@ def test_the_environment_is_used_without_flags() -> None:
     [
         (("--nvim-timeout", "0"), {}, "--nvim-timeout: expected a positive number of seconds up to 86400, got 0"),
         (("--nvim-timeout", "inf"), {}, "--nvim-timeout: expected a positive number of seconds up to 86400, got inf"),
-        ((), {"TOOLBUS_NVIM_TIMEOUT": "1e12"}, "--nvim-timeout: expected .* up to 86400, got 1e12"),
+        ((), {"TOOLBUS_NVIM_TIMEOUT": "1e12"}, r"\$TOOLBUS_NVIM_TIMEOUT: expected .* up to 86400, got 1e12"),
         ((), {"TOOLBUS_JOURNAL_TIMEOUT": "inf"}, r"\$TOOLBUS_JOURNAL_TIMEOUT: expected .* up to 86400, got inf"),
         (("--journal", ""), {}, "--journal: expected a journal file or a postgresql:// URL, got an empty one"),
         (
             (),
             {"TOOLBUS_NVIM_TIMEOUT": "soon"},
-            "--nvim-timeout: expected a positive number of seconds up to 86400, got soon",
+            r"\$TOOLBUS_NVIM_TIMEOUT: expected a positive number of seconds up to 86400, got soon",
         ),
-        ((), {"TOOLBUS_JOURNAL_SYNC": "OFF"}, "--journal-sync: expected FULL or NORMAL, got OFF"),
+        ((), {"TOOLBUS_JOURNAL_SYNC": "OFF"}, r"\$TOOLBUS_JOURNAL_SYNC: expected FULL or NORMAL, got OFF"),
     ],
 )
 def test_bad_values_are_refused(flags: tuple[str, ...], env: dict[str, str], message: str) -> None:
