@@ -12,6 +12,7 @@ from toolbus.adapters.bootstrap import identity, open_reader
 from toolbus.adapters.config import Settings, local_identity
 from toolbus.adapters.nvim import ProbeFailed, find_nvim, probe
 from toolbus.bus import JournalUnavailable
+from toolbus.journal.sqlite.store import why_not_creatable
 
 if TYPE_CHECKING:
     import pynvim
@@ -65,14 +66,10 @@ def _check_journal(settings: Settings, lines: list[str]) -> bool:
         return _check_team_journal(settings, lines)
     path = settings.journal
     if not path.exists():
-        parent = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if parent is not None and parent.is_dir() and os.access(parent, os.W_OK):
+        if (why := why_not_creatable(path)) is None:
             lines.append(f"✓ journal: {path} (will be created on first use)")
             return True
-        why = "is not writable" if parent is None or parent.is_dir() else "is a file, not a folder"
-        lines.append(
-            f"✗ journal: {path} cannot be created ({parent} {why}); choose another with --journal or $TOOLBUS_JOURNAL"
-        )
+        lines.append(f"✗ journal: {path} cannot be created ({why}); choose another with --journal or $TOOLBUS_JOURNAL")
         return False
     try:
         reader = open_reader(settings)  # looking must not create, migrate or change anything

@@ -108,6 +108,14 @@ def test_a_read_only_directory_is_a_clear_error_at_start(tmp_path: Path) -> None
     assert not journal.exists()
 
 
+def test_a_journal_under_a_file_names_that_file_at_start(tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text("x")
+    journal = tmp_path / "hello.py" / "journal.db"
+    code, said = start_fails(tmp_path, journal)
+    assert code == 2, said
+    assert f"cannot create the journal at {journal}: {tmp_path}/hello.py is a file, not a folder" in said
+
+
 def test_a_journal_on_a_read_only_file_system_is_a_clear_error(tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "state", "2m") as place:
         journal = place / "journal.db"

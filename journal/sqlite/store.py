@@ -142,7 +142,7 @@ class SqliteJournal:
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         except OSError as error:
             raise JournalUnavailable(
-                f"cannot create the journal at {self.path}: {error.strerror}; "
+                f"cannot create the journal at {self.path}: {why_not_creatable(self.path) or error.strerror}; "
                 "choose a writable place with --journal or $TOOLBUS_JOURNAL"
             ) from error
 
@@ -770,3 +770,13 @@ def explain_sqlite(path: Path, error: sqlite3.DatabaseError) -> str:
     if code == sqlite3.SQLITE_CANTOPEN:
         return f"cannot open the journal at {path}: {error}; check the path and its permissions"
     return f"the journal at {path} failed: {error}"
+
+
+def why_not_creatable(path: Path) -> str | None:
+    """Why a journal could not be made at `path`, where there is none yet, as far as one can
+    tell without making it (its nearest existing folder, and what is wrong with it); None when
+    nothing is seen against it."""
+    nearest = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if nearest is not None and nearest.is_dir() and os.access(nearest, os.W_OK):
+        return None
+    return f"{nearest} {'is not writable' if nearest is None or nearest.is_dir() else 'is a file, not a folder'}"
