@@ -144,7 +144,7 @@ def target_of(arguments: Any, events: Sequence[StoredEvent]) -> str | None:
             return str(path)
     if not isinstance(arguments, dict):
         return None
-    for key in ("filePath", "tab_name", "path", "uri", "title", "query", "anchor", "ids", "event"):
+    for key in ("filePath", "new_file_path", "tab_name", "path", "uri", "title", "query", "anchor", "ids", "event"):
         if arguments.get(key) not in (None, ""):
             value = arguments[key]
             return value if isinstance(value, str) else msgspec.json.encode(value).decode()

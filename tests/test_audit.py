@@ -214,6 +214,16 @@ def test_table_shows_control_characters_as_escapes_never_sends_them(tmp_path: Pa
     assert len(run.out.splitlines()) == 2  # the header and the one command
 
 
+def test_a_diff_that_failed_before_any_event_is_about_its_file_not_its_tab(tmp_path: Path) -> None:
+    journal, file = tmp_path / "journal.db", tmp_path / "a.py"
+    arguments = {"old_file_path": str(file), "new_file_path": str(file), "new_file_contents": "x", "tab_name": "t"}
+    with StdioServer(toolbus_argv(journal, nvim=str(tmp_path / "gone.sock")), stderr=tmp_path / "s.err") as server:
+        server.initialize()
+        assert server.call_tool("openDiff", arguments, deadline=30).get("isError")
+    [entry] = cli("audit", "--journal", journal, "--json").json_lines()
+    assert (entry["tool"], entry["status"], entry["target"]) == ("openDiff", "failed", str(file))
+
+
 def test_table_says_when_nothing_matches_and_which_filter_may_be_why(session: EditorSession) -> None:
     run = cli("audit", "--journal", session.journal, "--tool", "no-such-tool")
     assert (run.code, run.out, run.err) == (0, "", "no commands match: --tool no-such-tool is no tool\n")
