@@ -52,10 +52,10 @@ _BATCH = 200
 
 class PostgresReader:
     def __init__(self, url: str) -> None:
-        self._url = url
         self._conn: Connection = connect(url)
         self._conn.read_only = True
         self.location = shown(url)
+        self._alive = server_answers(self._conn, url, self.location)  # its one connection's server
         with answered_within(self._conn, ANSWER_TIMEOUT, self.location):
             self.agent, self.department, self.administers = check_journal(self._conn, self.location)
 
@@ -146,8 +146,7 @@ class PostgresReader:
     def _answered(self) -> contextlib.AbstractContextManager[None]:
         """Each statement's wait, given up on when the server stops answering anyone; a long
         one on a busy server goes on."""
-        alive = server_answers(self._conn, self._url, self.location)
-        return answered_within(self._conn, ANSWER_TIMEOUT, self.location, alive)
+        return answered_within(self._conn, ANSWER_TIMEOUT, self.location, self._alive)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         with self._answered(), self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cursor:
