@@ -30,8 +30,8 @@ class EditorStep:
     blob: str | None = None  # what a write writes, by content address
     content: bytes | None = None
     # Texts the journal has for this file around this step (what it replaced, what the last
-    # write before it and the last write of all wrote): a file holding one loses nothing
-    # when it is overwritten.
+    # write before it and the last write of all wrote, what the last write to `path`, a
+    # replay's too, left there): a file holding one loses nothing when it is overwritten.
     known: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -93,6 +93,7 @@ def editor_steps(
     """Saves, restores and closes between positions `start` and `end` (inclusive), in order; with
     `host`, only that machine's (and those recorded before machines were)."""
     stories: dict[str, _Story] = {}  # each file's read once: a replay is linear in its steps
+    last_texts: dict[str, str | None] = {}  # what each written file holds by the journal's account
     blobs = _KnownBlobs(reader)
     for event in reader.events(_EDITOR_TYPES, start or 0, end):
         recorded = str(event.data["path"])
@@ -102,6 +103,9 @@ def editor_steps(
         if host is not None and event.position not in story.positions:
             continue
         path = map_path(recorded, mapping or [])
+        if path not in last_texts:  # read before this replay writes it
+            own = path == recorded and host is None
+            last_texts[path] = story.last_text if own else _Story.last_text_of(reader, path)
         if event.type == "TabClosed":
             yield EditorStep(
                 position=event.position, action="close", path=path, recorded_path=recorded, source=event.type
@@ -119,7 +123,7 @@ def editor_steps(
             source=event.type,
             blob=written,
             content=content,
-            known=_known_texts(event, story, blobs),
+            known=_known_texts(event, story, blobs, last_texts[path]),
         )
 
 
@@ -128,10 +132,16 @@ class _Story:
 
     def __init__(self, events: list[StoredEvent]) -> None:
         self.positions = {event.position for event in events}
+        # The text the last journaled write (a replay's too) left in the file.
+        self.last_text = next((d for e in events if isinstance(d := e.data.get("written_blob"), str)), None)
         self._writes: dict[str, list[StoredEvent]] = {}  # by stream, oldest first
         for event in reversed(events):
             if event.type in _WRITE_TYPES:
                 self._writes.setdefault(event.stream, []).append(event)
+
+    @staticmethod
+    def last_text_of(reader: JournalReader, path: str) -> str | None:
+        return _Story([entry.event for entry in reader.history(path)]).last_text
 
     def writes(self, stream: str, before: int) -> tuple[StoredEvent | None, StoredEvent | None]:
         """The last write to `stream` before position `before`, and the last write of all."""
@@ -153,15 +163,17 @@ class _KnownBlobs:
         return held
 
 
-def _known_texts(event: StoredEvent, story: _Story, blobs: _KnownBlobs) -> tuple[str, ...]:
-    """What the save replaced, and what the last write before it and the last write of all
-    wrote to its file (of its `story`): the texts a file may hold without losing anything when
-    overwritten."""
+def _known_texts(event: StoredEvent, story: _Story, blobs: _KnownBlobs, held: str | None) -> tuple[str, ...]:
+    """What the save replaced, what the last write before it and the last write of all wrote
+    to its file (of its `story`), and what the file it is replayed to `held` when the replay
+    began (an earlier replay may have written it): the texts a file may hold without losing
+    anything when overwritten."""
     before, last = story.writes(file_stream(str(event.data["path"])), event.position)
     candidates = (
         event.data.get("replaced_blob"),
         before.data.get("written_blob") if before else None,
         last.data.get("written_blob") if last else None,
+        held,
     )
     written = event.data["written_blob"]
     return tuple(sorted({d for d in candidates if isinstance(d, str) and d != written and d in blobs}))

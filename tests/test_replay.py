@@ -320,6 +320,23 @@ def test_replay_editor_from_and_to(session: EditorSession, second_nvim: NeovimPr
     assert (out / "b.txt").read_bytes() == b"bravo unsaved\n"
 
 
+def test_replaying_again_copies_aside_no_text_an_earlier_replay_wrote(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    # a.txt's third write: its first text back. A replay up to its second then leaves a text
+    # that no recorded write of a.txt around its first step holds, but a replay wrote.
+    assert cli("recover", "1", "--apply", "--journal", session.journal).code == 0
+    work = os.path.realpath(session.files["a.txt"].parent)
+    out = tmp_path / "out"
+    args = ["--to", str(session.position("DocumentSaved", "a.txt")), "--nvim", second_nvim.address]
+    for _ in range(2):
+        run = cli("replay", "editor", *args, "--map", f"{work}={out}", "--journal", session.journal)
+        assert run.code == 0, run.err
+        assert "kept" not in run.out
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "c.txt"]
+    assert (out / "a.txt").read_bytes() == b"alpha 3 (edited on disk)\n"
+
+
 def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path: Path) -> None:
     work = os.path.realpath(session.files["a.txt"].parent)
     run = cli("replay", "editor", "--dry-run", "--map", f"{work}={tmp_path / 'out'}", "--journal", session.journal)
