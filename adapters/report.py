@@ -242,26 +242,39 @@ def print_history(
     count = f"the newest {len(entries)}" if left_out else str(len(entries))
     order = " (--limit 0 for all)" if left_out else ", newest first"
     print(f"{shown}: {count} event{'s' if len(entries) != 1 else ''}{where}{order}")
-    rows = [_history_row(entry, hosts=host is None) for entry in entries]
+    decided = {entry.event.command_id for entry in entries if entry.event.type in _DIFF_DECISIONS}
+    rows = [_history_row(entry, hosts=host is None, decided=decided) for entry in entries]
     headers = ["EVENT", "TIME (UTC)", *(["HOST"] if host is None else []), "BY", "WHAT HAPPENED", "RECOVERABLE"]
     print(table(headers, rows))
     if any(_recoverable_words(entry.event) != "-" for entry in entries):
         print("\n`toolbus recover EVENT` prints a recoverable text; add --apply to write it back to the file.")
 
 
-def _history_row(entry: HistoryEntry, hosts: bool) -> list[str]:
+def _history_row(entry: HistoryEntry, hosts: bool, decided: set[int | None]) -> list[str]:
     event = entry.event
     who = entry.agent or "-"
     if entry.tool and entry.tool not in ("saveDocument", "close_tab", "openDiff"):
         who += f" ({entry.tool})"
+    what = describe_event(event).split(" ", 1)[1]
+    if event.type == "DiffProposed" and event.command_id not in decided:
+        what += _UNDECIDED.get(entry.status or "in_doubt", "")
     return [
         f"@{event.position}",
         clock(event.recorded_at),
         *([machine(entry.host)] if hosts else []),
         who,
-        describe_event(event).split(" ", 1)[1],
+        what,
         _recoverable_words(event),
     ]
+
+
+# A proposal with no decision of the user's after it: how its call ended.
+_DIFF_DECISIONS = frozenset({"DiffAccepted", "DiffAcceptFailed", "DiffAcceptInDoubt", "DiffRejected"})
+_UNDECIDED = {
+    "cancelled": ", withdrawn: the call was cancelled before the user decided",
+    "failed": ", undecided: the call failed (toolbus audit says why)",
+    "in_doubt": ", undecided: still waiting, or toolbus stopped first",
+}
 
 
 _RECOVERABLE_KIND = {

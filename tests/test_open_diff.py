@@ -351,6 +351,8 @@ def test_a_text_the_files_encoding_cannot_hold_is_refused_and_nothing_is_written
     command, events = last_diff(journal, "no latin1 cup")
     assert command["status"] == "failed" and events[-1]["type"] == "DiffAcceptFailed"
     assert journal.blob(events[-1]["data"]["final_blob"]) == "café ☕\n".encode()
+    history = toolbus_cli(journal, "history", str(path))  # the user decided: the proposal says no more
+    assert "diff proposed (10 B)  " in history and "undecided" not in history
 
 
 def test_an_accept_whose_write_fails_leaves_the_buffer_as_it_was(
@@ -612,6 +614,8 @@ def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
     command, events = last_diff(journal, "cancelled")
     assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
     assert path.read_text() == "x = 1\ny = 2\n"
+    history = toolbus_cli(journal, "history", str(path))
+    assert "diff proposed (10 B), withdrawn: the call was cancelled before the user decided" in history
     assert not server.call_tool("getOpenEditors", {}, deadline=5).get("isError")  # still serving
     journal.assert_gapless()
 
