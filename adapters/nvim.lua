@@ -962,7 +962,8 @@ local function write_atomically(name, text, mode)
 end
 
 -- Write `text`; if the file held anything else than `text` or one of `known` (texts the
--- journal has for it), copy that first. Returns the copy's name, or nil.
+-- journal has for it), copy that first. Returns the copy's name (or nil), and why the write
+-- failed if it did: a copy made is named either way.
 local function write_keeping(name, text, known)
   vim.fn.mkdir(vim.fs.dirname(name), 'p')
   local current, mode = existing_text(name)
@@ -970,8 +971,8 @@ local function write_keeping(name, text, known)
   if current and current ~= text and not vim.list_contains(known, current) then
     kept = keep_copy(name, current, mode)
   end
-  write_atomically(name, text, mode)
-  return kept
+  local written, failed = pcall(write_atomically, name, text, mode)
+  return kept, not written and failed or nil
 end
 
 -- Show the file in a listed buffer, (re)loaded from disk. :edit! re-reads it, so Neovim
@@ -1003,15 +1004,14 @@ function M.replace(path, text, known)
   if refusal then
     return { status = 'error', message = refusal }
   end
-  local written, kept = pcall(write_keeping, normalise(path), text, known)
-  if not written then
-    return { status = 'error', message = kept }
+  local name = normalise(path)
+  local copied, kept, failed = pcall(write_keeping, name, text, known)
+  if not copied or failed then
+    return { status = 'error', message = failed or kept, kept = copied and kept or nil }
   end
+  -- The file is written, whatever loading it does (a user's autocmd may fail on it).
   local shown, err = pcall(show, buf)
-  if not shown then
-    return { status = 'error', message = err, kept = kept }
-  end
-  return { status = 'written', kept = kept }
+  return { status = 'written', path = name, kept = kept, message = not shown and err or nil }
 end
 
 -- Replay a close: wipe the buffer of `path`, unless it has unsaved changes.
@@ -1026,8 +1026,9 @@ function M.close(path)
   if in_cmdwin() then
     return { status = 'refused', message = CMDWIN }
   end
+  local name = normalise(api.nvim_buf_get_name(buf))
   api.nvim_buf_delete(buf, { force = true })
-  return { status = 'closed' }
+  return { status = 'closed', path = name }
 end
 
 -- --- openDiff ---------------------------------------------------------------------------

@@ -47,7 +47,8 @@ async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], re
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             steps_done = f"{count} step{'s' if count != 1 else ''}"
             go_on = f" ({steps_done} before it done: --from {step.position} goes on from here)" if count else ""
-            stopped = Unfinished if count else Fault  # the steps before it changed files
+            # Files were changed by the steps before it, or by this one (a copy kept).
+            stopped = Unfinished if count or isinstance(error, Unfinished) else Fault
             raise stopped(f"replay stopped at @{step.position}: {message}{go_on}") from None
         report(done)
         idle += not acted
@@ -65,4 +66,5 @@ async def _apply(bus: Bus, caller: Caller, step: EditorStep) -> tuple[str, bool]
     result = await bus.handle("replay_write", arguments, caller)
     assert isinstance(result, Replayed)
     kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
-    return step.describe() + kept, True
+    not_loaded = f"; Neovim could not load it: {result.not_loaded}" if result.not_loaded else ""
+    return step.describe() + kept + not_loaded, True

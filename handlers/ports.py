@@ -63,14 +63,16 @@ class FileClosed(msgspec.Struct, frozen=True, kw_only=True):
 
     status: Literal["closed", "not_open", "modified", "refused"]  # refused: Neovim cannot close it now
     message: str = ""
+    path: str | None = None  # the file closed, as Neovim resolves it
 
 
 class FileReplaced(msgspec.Struct, frozen=True, kw_only=True):
     """What `Editor.replace_file` did."""
 
     status: Literal["written", "modified", "error"]  # modified: a buffer has unsaved changes
-    message: str = ""
+    message: str = ""  # why it failed; when written, why Neovim could not load it, if it could not
     kept: str | None = None  # where what the file held was copied (`path.~N~`), if it was
+    path: str | None = None  # the file written, as Neovim resolves it
 
 
 class Position(msgspec.Struct, frozen=True):

@@ -7,13 +7,15 @@ from typing import Any
 
 import msgspec
 
-from toolbus.bus import Fault, FileReplayed, HandlerContext, ReplayClose, ReplayWrite
+from toolbus.bus import Fault, FileReplayed, HandlerContext, ReplayClose, ReplayWrite, Unfinished
+from toolbus.handlers.editor import vim_error
 from toolbus.handlers.ports import Editor, Texts
 
 
 class Replayed(msgspec.Struct, frozen=True, kw_only=True):
     done: bool  # False: there was nothing to do (a close of a file not open there)
     kept: str | None = None  # where the file's unknown earlier text was copied first
+    not_loaded: str | None = None  # why Neovim could not load the file written, if it could not
 
 
 async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Replayed:
@@ -25,13 +27,15 @@ async def replay_write(command: ReplayWrite, context: HandlerContext[Any]) -> Re
     if result.status == "modified":
         raise Fault(_unsaved(command.file))
     if result.status == "error":
-        kept = f"; kept the text the file held in {result.kept}" if result.kept else ""
-        raise Fault(result.message + kept)
+        if result.kept:  # the file is as it was, and a copy of it beside it
+            raise Unfinished(f"{vim_error(result.message)}; kept the text the file held in {result.kept}")
+        raise Fault(vim_error(result.message))
+    path = result.path or command.file
     event = FileReplayed(
-        path=command.file, from_position=command.event, action="write", written_blob=command.blob, kept_copy=result.kept
+        path=path, from_position=command.event, action="write", written_blob=command.blob, kept_copy=result.kept
     )
     await context.commit(event)
-    return Replayed(done=True, kept=result.kept)
+    return Replayed(done=True, kept=result.kept, not_loaded=vim_error(result.message) if result.message else None)
 
 
 async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Replayed:
@@ -44,7 +48,7 @@ async def replay_close(command: ReplayClose, context: HandlerContext[Any]) -> Re
         raise Fault(closed.message)
     if closed.status == "not_open":
         return Replayed(done=False)
-    await context.commit(FileReplayed(path=command.file, from_position=command.event, action="close"))
+    await context.commit(FileReplayed(path=closed.path or command.file, from_position=command.event, action="close"))
     return Replayed(done=True)
 
 

@@ -327,14 +327,35 @@ def test_replaying_again_copies_aside_no_text_an_earlier_replay_wrote(
     # that no recorded write of a.txt around its first step holds, but a replay wrote.
     assert cli("recover", "1", "--apply", "--journal", session.journal).code == 0
     work = os.path.realpath(session.files["a.txt"].parent)
-    out = tmp_path / "out"
+    out, link = tmp_path / "out", tmp_path / "link"
+    out.mkdir()
+    link.symlink_to(out)
     args = ["--to", str(session.position("DocumentSaved", "a.txt")), "--nvim", second_nvim.address]
-    for _ in range(2):
-        run = cli("replay", "editor", *args, "--map", f"{work}={out}", "--journal", session.journal)
+    for target in (link, out):  # the same folder, spelled through a symlink and not
+        run = cli("replay", "editor", *args, "--map", f"{work}={target}", "--journal", session.journal)
         assert run.code == 0, run.err
         assert "kept" not in run.out
     assert sorted(p.name for p in out.iterdir()) == ["a.txt", "c.txt"]
     assert (out / "a.txt").read_bytes() == b"alpha 3 (edited on disk)\n"
+    # Each replay is under the file's resolved path, as Neovim's own saves are.
+    replayed = [row["data"]["path"] for row in session.reader.events("FileReplayed")]
+    assert replayed == [os.path.join(os.path.realpath(out), name) for name in ("a.txt", "c.txt", "a.txt")] * 2
+
+
+def test_a_replayed_write_neovim_then_fails_to_load_is_done_and_says_so(
+    session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
+) -> None:
+    work, out = os.path.realpath(session.files["a.txt"].parent), tmp_path / "out"
+    second_nvim.command("autocmd BufReadPost *.txt lua error('no such plugin')")
+    args = ("--to", "1", "--nvim", second_nvim.address, "--map", f"{work}={out}", "--journal", session.journal)
+    run = cli("replay", "editor", *args)
+    assert run.code == 0, run.err
+    assert (out / "a.txt").read_bytes() == b"alpha 2\n"
+    assert run.out.splitlines()[0] == (
+        f"@1 save {out}/a.txt (recorded as {work}/a.txt): write 8 bytes; Neovim could not load it: no such plugin"
+    )
+    history = cli("history", out / "a.txt", "--journal", session.journal)
+    assert "replayed 8 B from @1" in history.out, history.err
 
 
 def test_replay_editor_dry_run_changes_nothing(session: EditorSession, tmp_path: Path) -> None:
