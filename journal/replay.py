@@ -65,22 +65,41 @@ def parse_path_map(pairs: Sequence[str]) -> PathMap:
 def check_path_map(pairs: Sequence[str], steps: Sequence[EditorStep]) -> None:
     """Refuse a `--map` that moves none of the steps: the files it was meant to keep out of
     harm's way would be written where they were recorded."""
+    if not steps:
+        return
+    mapping = parse_path_map(pairs)
     for pair in pairs:
-        mapping = parse_path_map([pair])
-        if not any(map_path(step.recorded_path, mapping) != step.recorded_path for step in steps):
-            old = pair.partition("=")[0]
+        own = parse_path_map([pair])
+        under = [step.recorded_path for step in steps if _taken_by(step.recorded_path, own)]
+        old, new = (typed_path(side) for side in pair.split("=", 1))
+        if not under:
             raise ValueError(
-                f"--map {pair}: none of the {len(steps)} steps is a file under {typed_path(old)},"
+                f"--map {pair}: none of the {len(steps)} steps is a file under {old},"
                 " as typed or with its symlinks resolved; nothing was replayed"
             )
+        if not any(_taken_by(path, mapping) in own for path in under):
+            raise ValueError(
+                f"--map {pair}: every step under {old} is under a longer --map's folder, which moves it;"
+                " nothing was replayed"
+            )
+        if all(map_path(path, own) == path for path in under):
+            raise ValueError(f"--map {pair}: {old} and {new} are one folder: it moves nothing; nothing was replayed")
 
 
-def map_path(path: str, mapping: PathMap) -> str:
+def _taken_by(path: str, mapping: PathMap) -> tuple[str, str] | None:
+    """The entry of `mapping` that moves `path`: the longest folder holding it."""
     for old, new in mapping:
         folder = old.rstrip("/")  # "" for the root
         if path == old or path.startswith(folder + "/"):
-            return new.rstrip("/") + path[len(folder) :] or "/"
-    return path
+            return old, new
+    return None
+
+
+def map_path(path: str, mapping: PathMap) -> str:
+    if (taken := _taken_by(path, mapping)) is None:
+        return path
+    old, new = taken
+    return new.rstrip("/") + path[len(old.rstrip("/")) :] or "/"
 
 
 def editor_steps(

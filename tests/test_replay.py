@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import sqlite3
@@ -22,7 +23,7 @@ from tests.journal_contract import record, saved
 from tests.journal_helpers import EditorSession, cli, record_editor_session
 from tests.test_cmdwin import CMDWIN, command_line_window
 from toolbus.bus import HistoryEntry, JournalReader, blob_hash
-from toolbus.journal import editor_steps, map_path, parse_path_map
+from toolbus.journal import EditorStep, check_path_map, editor_steps, map_path, parse_path_map
 from toolbus.journal.sqlite import SqliteJournal, SqliteReader
 from toolbus.journal.sqlite.memory import reset_memory_tables
 
@@ -616,6 +617,29 @@ def test_a_replay_reads_each_files_history_once_however_many_steps_it_has(tmp_pa
 )
 def test_map_moves_a_path_under_its_folder_root_included(pair: str, recorded: str, replayed: str) -> None:
     assert map_path(recorded, parse_path_map([pair])) == replayed
+
+
+@pytest.mark.parametrize(
+    ("pairs", "refusal"),
+    [
+        (["/src=/elsewhere"], None),
+        (["/src/lib=/tmp/lib", "/src=/elsewhere"], None),
+        (["/src/lib=/tmp/lib", "/docs=/tmp/docs"], "--map /docs=/tmp/docs: none of the 2 steps is a file under /docs"),
+        (["/src/lib=/tmp/lib", "/src/lib/b.py=/tmp/b.py"], "every step under /src/lib is under a longer --map's"),
+        (["/src/=/src"], "--map /src/=/src: /src and /src are one folder: it moves nothing"),
+    ],
+)
+def test_each_map_must_move_a_step(pairs: list[str], refusal: str | None) -> None:
+    steps = [
+        EditorStep(position=position, action="close", path="", recorded_path=path, source="TabClosed")
+        for position, path in ((1, "/src/a.py"), (2, "/src/lib/b.py"))
+    ]
+    if refusal is None:
+        check_path_map(pairs, steps)
+    else:
+        with pytest.raises(ValueError, match=re.escape(refusal)):
+            check_path_map(pairs, steps)
+    check_path_map(pairs, [])  # no steps: nothing to replay, and it is said so
 
 
 def test_replay_editor_into_a_command_line_window_stops_before_changing_anything(
