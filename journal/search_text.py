@@ -74,14 +74,20 @@ def _bigrams(chars: str) -> list[str]:
 def query_phrases(query: str) -> list[Phrase]:
     """The phrases of `query` that must all match: every word and "quoted phrase"; a word
     ending in `*` is a prefix. Operators, column names, `:` and punctuation are plain text
-    (split as the saved text was); an empty list when the query holds no word at all."""
+    (split as the saved text was); an empty list when the query holds no word at all. AND, OR
+    and NEAR between words are left out, but a query of nothing else looks for them."""
+    cleaned = _clean(query)
+    return _query_phrases(cleaned, _CONNECTIVES) or _query_phrases(cleaned, frozenset())
+
+
+def _query_phrases(query: str, connectives: frozenset[str]) -> list[Phrase]:
     phrases: list[Phrase] = []
-    for term in _TERM.finditer(_clean(query)):
+    for term in _TERM.finditer(query):
         if term[1] is not None:
             phrases += _phrases(term[1])
             continue
         for word in term[2].split(":"):  # `title:foo` is two words, not a column filter
-            if word not in _CONNECTIVES:
+            if word not in connectives:
                 phrases += _phrases(word.rstrip("*"), prefix=word.endswith("*"))
     # Each once: all must match, and a word pasted a thousand times would be matched as often.
     return list(dict.fromkeys(phrases))

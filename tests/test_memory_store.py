@@ -47,6 +47,8 @@ ANYONE = Caller(agent="reader", department="elsewhere")
         ("full-text", '"full-text"'),
         ('a AND b OR NEAR c "unbalanced', '"a" AND "b" AND "c" AND "unbalanced"'),
         ("and or near", '"and" AND "or" AND "near"'),  # only capitals are connectives
+        ("OR", '"OR"'),  # ...and only between words: alone, they are what is looked for
+        ("NEAR AND", '"NEAR" AND "AND"'),
         ("title:foo", '"title" AND "foo"'),
         ("optim*", '"optim"*'),
         ("数据库", '"数据 据库"'),
