@@ -98,13 +98,11 @@ class JournalWriter(Protocol):
         error: str | None = None,
         events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-        finished_ns: int | None = None,
     ) -> list[Appended[E]]:
-        """Commit the outcome (inserting the command first when `command_id` is None), finished
-        at `finished_ns` (default: now); return `events` as appended. The record of a call that
-        `changes` something is durable on disk when this returns; any other is committed (it
-        survives a crash of toolbus) and reaches the disk with the next change's sync, within a
-        second at most.
+        """Commit the outcome (inserting the command first when `command_id` is None);
+        return `events` as appended. The record of a call that `changes` something is durable
+        on disk when this returns; any other is committed (it survives a crash of toolbus) and
+        reaches the disk with the next change's sync, within a second at most.
 
         An observation (`ObservationSaved`) timed no later than the latest one in the journal
         is timed a millisecond after it: `created_at_epoch` grows with the position (the id),

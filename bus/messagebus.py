@@ -17,7 +17,6 @@ import logging
 import re
 import time
 import typing
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -121,57 +120,6 @@ class HandlerContext(Generic[C]):
 Handler = Callable[[Any, HandlerContext[Any]], Awaitable[Reply]]
 
 
-class _Unjournaled(typing.NamedTuple):
-    record: CommandRecord
-    status: Status
-    error: str
-    finished_ns: int
-    size: int  # of its arguments, as JSON
-
-
-class _LateFailures:
-    """Failed calls the journal could not take (another process held it past the timeout, the
-    disk was full), kept to be recorded once it takes writes again: up to 1,000 calls and 1 MiB
-    of arguments (past that, a failure is only logged)."""
-
-    MAX_CALLS = 1000
-    MAX_BYTES = 1 << 20
-
-    def __init__(self) -> None:
-        self._calls: deque[_Unjournaled] = deque()
-        self._bytes = 0
-
-    def __bool__(self) -> bool:
-        return bool(self._calls)
-
-    def keep(self, record: CommandRecord, status: Status, error: str) -> bool:
-        try:
-            size = len(msgspec.json.encode(record.arguments))
-        except (msgspec.EncodeError, UnicodeEncodeError):  # as the journal would fail to
-            return False
-        if len(self._calls) >= self.MAX_CALLS or self._bytes + size > self.MAX_BYTES:
-            return False
-        self._calls.append(_Unjournaled(record, status, error, time.time_ns(), size))
-        self._bytes += size
-        return True
-
-    async def record(self, journal: JournalWriter) -> None:
-        """Record them, as they were when answered; a failure changed nothing, so its record
-        need not wait for the disk."""
-        while self._calls:
-            late = self._calls.popleft()
-            self._bytes -= late.size
-            record = msgspec.structs.replace(late.record, changes=False)
-            try:
-                await journal.finish(record, None, late.status, error=late.error, finished_ns=late.finished_ns)
-            except ToolbusError:  # the journal is unavailable again: later
-                self._calls.appendleft(late)
-                self._bytes += late.size
-                return
-            except Exception:  # a bug: never the fault of the call that found the journal back
-                log.exception("could not journal the failure of %s late", record.tool)
-
-
 class Bus:
     """Dispatches tool calls to their handlers, journaling every call and its outcome."""
 
@@ -189,7 +137,6 @@ class Bus:
         self._handlers = handlers
         self._journal = journal
         self.services = services
-        self._late_failures = _LateFailures()
 
     async def handle(
         self,
@@ -216,10 +163,7 @@ class Bus:
             rejected = msgspec.structs.replace(record, changes=False)
             await self._journal.finish(rejected, None, "rejected", error=str(error))
             raise
-        reply = await self._run(command, record, waiting, its_turn)
-        if self._late_failures:  # the journal took this call's record: it takes writes again
-            await self._late_failures.record(self._journal)
-        return reply
+        return await self._run(command, record, waiting, its_turn)
 
     async def _run(
         self,
@@ -266,10 +210,7 @@ class Bus:
         try:
             await self._journal.finish(record, context.command_id, status, error=message, events=events)
         except ToolbusError as error:  # said to the caller already; a traceback adds nothing
-            # With no row of it in the journal, it gets one when the journal can take it.
-            later = context.command_id is None and self._late_failures.keep(record, status, message)
-            when = " (it will be, once the journal takes writes again)" if later else ""
-            log.error("could not journal the failure of %s: %s%s", record.tool, error, when)
+            log.error("could not journal the failure of %s: %s", record.tool, error)
 
 
 def _effect_unrecorded(command: Command, context: HandlerContext[Any]) -> bool:

@@ -408,10 +408,9 @@ class PostgresJournal:
         error: str | None = None,
         events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-        finished_ns: int | None = None,
     ) -> list[Appended[E]]:
         outcome = Outcome(record, status, error, events, blobs)
-        key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), finished_ns or time.time_ns()
+        key, ids, finished_ns = uuid.uuid4(), event_ids(len(events)), time.time_ns()
         keeps_pending = self._keeps_pending
 
         def work(conn: Connection) -> list[Appended[Event]]:

@@ -275,10 +275,9 @@ class SqliteJournal:
         error: str | None = None,
         events: Sequence[E] = (),
         blobs: Mapping[str, bytes] | None = None,
-        finished_ns: int | None = None,
     ) -> list[Appended[E]]:
         return await self._commit(
-            lambda conn: _record(conn, record, status, error, events, blobs, command_id, finished_ns or time.time_ns()),
+            lambda conn: _record(conn, record, status, error, events, blobs, command_id, time.time_ns()),
             sync=record.changes,
             blobs=blobs,
         )
