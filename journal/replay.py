@@ -82,7 +82,7 @@ def check_path_map(pairs: Sequence[str], steps: Sequence[EditorStep]) -> None:
                 f"--map {pair}: every step under {old} is under a longer --map's folder, which moves it;"
                 " nothing was replayed"
             )
-        if all(map_path(path, own) == path for path in under):
+        if all(os.path.realpath(map_path(path, own)) == path for path in under):  # TO may be FROM's symlink
             raise ValueError(f"--map {pair}: {old} and {new} are one folder: it moves nothing; nothing was replayed")
 
 

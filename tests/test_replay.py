@@ -642,6 +642,16 @@ def test_each_map_must_move_a_step(pairs: list[str], refusal: str | None) -> Non
     check_path_map(pairs, [])  # no steps: nothing to replay, and it is said so
 
 
+def test_a_map_onto_its_own_folder_through_a_symlink_is_refused(tmp_path: Path) -> None:
+    work, alias = tmp_path / "work", tmp_path / "alias"
+    work.mkdir()
+    alias.symlink_to(work)
+    real = os.path.realpath(work)
+    steps = [EditorStep(position=1, action="close", path="", recorded_path=f"{real}/a.py", source="TabClosed")]
+    with pytest.raises(ValueError, match=re.escape(f"{real} and {alias} are one folder: it moves nothing")):
+        check_path_map([f"{real}={alias}"], steps)
+
+
 def test_replay_editor_into_a_command_line_window_stops_before_changing_anything(
     session: EditorSession, second_nvim: NeovimProcess, tmp_path: Path
 ) -> None:
