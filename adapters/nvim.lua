@@ -252,10 +252,11 @@ local function mtime_of(name)
   return stat and { stat.mtime.sec, stat.mtime.nsec } or nil
 end
 
--- Vim's own rule (Linux): a second either way is a FAT file system's rounding, not a change.
+-- Vim's own rule (Linux): whole seconds differ only past one either way (a FAT file system's
+-- rounding), nanoseconds by any.
 local function time_differs(now, read)
   local seconds = now[1] - read[1]
-  return seconds > 1 or seconds < -1 or (seconds == 0 and now[2] ~= read[2])
+  return seconds > 1 or seconds < -1 or now[2] ~= read[2]
 end
 
 -- Noted when Neovim reads or writes the buffer's own file (see the autocmd at the end).

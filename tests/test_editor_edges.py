@@ -203,11 +203,13 @@ async def test_save_after_disk_change_of_modified_buffer_is_a_conflict(
     assert [event["data"]["reason"] for event in refused] == ["conflict", "conflict"]
 
 
-def agent_edits_and_the_users_checktime_sees_it(nvim: NeovimProcess, path: Path) -> None:
-    """The agent rewrites `path`; the user's config answers :checktime first (a FileChangedShell
-    of its own, on FocusGained say), so Neovim reports that change no more."""
+def agent_edits_and_the_users_checktime_sees_it(nvim: NeovimProcess, path: Path, later_ns: int = 10**10) -> None:
+    """The agent rewrites `path`, its time `later_ns` after the one Neovim read; the user's
+    config answers :checktime first (a FileChangedShell of its own, on FocusGained say), so
+    Neovim reports that change no more."""
+    read_ns = path.stat().st_mtime_ns
     path.write_text("agent edit\n")
-    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))  # past any clock's grain
+    os.utime(path, ns=(read_ns, read_ns + later_ns))
     nvim.command("augroup user_config | autocmd FileChangedShell * let v:fcs_choice = '' | augroup END")
     try:
         nvim.command("checktime")
@@ -215,19 +217,25 @@ def agent_edits_and_the_users_checktime_sees_it(nvim: NeovimProcess, path: Path)
         nvim.command("autocmd! user_config")
 
 
-@pytest.mark.parametrize("modified", [False, True])
+@pytest.mark.parametrize(
+    ("modified", "later_ns"),
+    # Vim's rule: a change of whole seconds is one past a second (a FAT disk's rounding), of
+    # nanoseconds any.
+    [(False, 10**10), (True, 10**10), (False, 10**9 + 7), (True, 10**9 + 7)],
+)
 async def test_a_disk_change_the_users_own_checktime_took_is_settled_without_a_prompt(
-    client: Client, nvim: NeovimProcess, files: Path, modified: bool
+    client: Client, nvim: NeovimProcess, files: Path, modified: bool, later_ns: int
 ) -> None:
     """The user's config answered :checktime first (a FileChangedShell of its own, on
     FocusGained say): Neovim reports that change no more, yet :write would stop at its
     "changed since reading it" prompt."""
     path = make(files, "a.py", "original\n")
+    json_of(await client.call_tool("checkDocumentDirty", {"filePath": str(path)}))  # toolbus's Lua is there
     nvim.edit(path)
     nvim.command("set noautoread")
     if modified:
         nvim.set_lines(path, ["mine"])
-    agent_edits_and_the_users_checktime_sees_it(nvim, path)
+    agent_edits_and_the_users_checktime_sees_it(nvim, path, later_ns)
     with anyio.fail_after(20):
         reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
     assert reply["saved"] is not modified
