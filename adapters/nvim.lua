@@ -355,13 +355,20 @@ end
 -- accepted text is being written, closed under that write, would abort it (M.diff_close).
 local writing = {}
 
--- :write `buf`, and say what came of it.
-local function write_now(buf, name)
+-- :write `buf` (its file `disk` before), and say what came of it.
+local function write_now(buf, name, disk)
   local written, err = pcall(api.nvim_buf_call, buf, function()
     vim.cmd('silent write')
   end)
   if not written then
-    return { status = 'vim_error', message = err }
+    if vim.bo[buf].modified or disk_identity(name) == disk then
+      return { status = 'vim_error', message = err }
+    end
+    -- A hook failed after the write (a BufWritePost linter's): the file is saved. The user
+    -- sees the error, as a :w of their own would show it.
+    vim.schedule(function()
+      vim.notify(err, vim.log.levels.ERROR)
+    end)
   end
   if vim.bo[buf].modified then
     return { status = 'vim_error', message = 'the buffer is still modified after :write' }
@@ -386,7 +393,7 @@ function M.write(buf, tick, disk)
   end
   local outer = writing[buf] -- a write from the write's own autocmds: the outer one closes
   writing[buf] = outer or {}
-  local ok, outcome = pcall(write_now, buf, name)
+  local ok, outcome = pcall(write_now, buf, name, disk)
   if not outer then
     local closing = writing[buf]
     writing[buf] = nil

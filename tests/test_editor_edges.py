@@ -437,6 +437,26 @@ async def test_a_formatter_failing_in_lua_is_named_without_luas_wrapping(
     assert (reply["saved"], reply["message"]) == (False, "Failed to save: formatter crashed: stylua exit 2")
 
 
+async def test_a_hook_failing_after_the_write_leaves_a_save(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """A BufWritePost linter that fails: the file is written all the same, and the answer and
+    the journal say so (they said nothing was written)."""
+    path = make(files, "lint.py")
+    nvim.edit(path)
+    nvim.set_lines(path, ["new text"])
+    nvim.command("augroup lint | augroup END")
+    nvim.command("autocmd lint BufWritePost * lua error('linter crashed')")
+    try:
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    finally:
+        nvim.command("autocmd! lint | augroup! lint")
+    assert (reply["saved"], reply["message"]) == (True, "Document saved successfully")
+    assert path.read_text() == "new text\n" and not nvim.modified(path)
+    [saved] = journal.events("DocumentSaved")
+    assert journal.blob(saved["data"]["written_blob"]) == b"new text\n"
+
+
 async def test_a_prompt_during_save_times_out_and_neovim_is_usable_after(
     journal_path: Path, nvim: NeovimProcess, files: Path, mode: str, journal: JournalReader
 ) -> None:
