@@ -497,7 +497,9 @@ local function selection(buf, text, from, to)
   }
 end
 
-local VISUAL = { v = true, V = true, ['\22'] = true }
+-- Each mode that selects text, and the visual mode it selects as: Select mode (a snippet's
+-- placeholder, `gh`) is visual mode where typing replaces the selection.
+local VISUAL = { v = 'v', V = 'V', ['\22'] = '\22', s = 'v', S = 'V', ['\19'] = '\22' }
 
 -- Whether the cursor is where `$` left it: the window's 'curswant' is then v:maxcol, and a
 -- block selection reaches the end of every line.
@@ -556,7 +558,7 @@ end
 local function visual(buf)
   local mode = api.nvim_get_mode().mode:sub(1, 1)
   if VISUAL[mode] and api.nvim_get_current_buf() == buf then
-    return region(buf, mode, vim.fn.getpos('v'), vim.fn.getpos('.'), at_line_ends())
+    return region(buf, VISUAL[mode], vim.fn.getpos('v'), vim.fn.getpos('.'), at_line_ends())
   end
   return nil
 end
@@ -1410,7 +1412,7 @@ local function note_visual()
   local first, last = math.min(from[2], to[2]), math.max(from[2], to[2])
   local bytes = vim.fn.line2byte(last + 1) - vim.fn.line2byte(first) -- -1 past the end: then small
   if is_file_buffer(buf) and last - first < SNAPSHOT_LINES and bytes <= SNAPSHOT_BYTES then
-    local mode = api.nvim_get_mode().mode:sub(1, 1)
+    local mode = VISUAL[api.nvim_get_mode().mode:sub(1, 1)]
     local ok, found = pcall(region, buf, mode, from, to, selected_to_line_ends)
     before_key.selection = ok and found or nil
   end

@@ -193,6 +193,23 @@ async def test_without_a_selection_it_is_the_cursor_and_without_a_file_no_editor
     assert await selection(client) == {"success": False, "message": "No active editor found"}
 
 
+async def test_a_selection_in_select_mode_is_one_too(client: Client, nvim: NeovimProcess, files: Path) -> None:
+    """Select mode (a snippet's placeholder, `gh`, <C-g> in visual mode) selects as visual does."""
+    nvim.edit(files / "b.txt")
+    for keys, mode, text in [
+        ("ggwve<C-g>", "s", "beta"),
+        ("ggVj<C-g>", "S", "alpha beta\ngamma delta"),
+        ("gg0l<C-v>jjl<C-g>", "\x13", "lp\nam\nps"),
+    ]:
+        user_types(nvim, keys, mode)
+        assert (await selection(client))["text"] == text
+        user_types(nvim, "<Esc>")
+        assert (await selection(client, "getLatestSelection"))["text"] == text
+    user_types(nvim, "ggwve<C-g>X", "i")  # typed over, as a snippet's placeholder is
+    assert nvim.lines(files / "b.txt")[0] == "alpha X"
+    assert (await selection(client, "getLatestSelection"))["text"] == "beta"
+
+
 async def test_the_latest_selection_outlives_visual_mode_and_the_buffer(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
