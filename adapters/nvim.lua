@@ -268,8 +268,8 @@ end
 -- Whether the file changed on disk since Neovim last read or wrote the buffer, so that :write
 -- would stop at its "changed since reading it" prompt; even when a :checktime (the user's own,
 -- on FocusGained, say) has reported the change already, and a second one no longer does. Not
--- known after a rename (`:file`). A write that skipped autocmds (`:noautocmd write`) leaves
--- the note behind: an unmodified buffer is then reloaded (the same text), a modified one
+-- known after a rename (`:file`). A user's write that skipped autocmds (`:noautocmd write`)
+-- leaves the note behind (toolbus's own writes note themselves): an unmodified buffer is then reloaded (the same text), a modified one
 -- refused as a conflict until the user writes again.
 local function changed_since_read(buf, name)
   local read, now = vim.b[buf].toolbus_read, mtime_of(name)
@@ -357,9 +357,13 @@ local writing = {}
 
 -- :write `buf` (its file `disk` before), and say what came of it.
 local function write_now(buf, name, disk)
+  local noted = vim.b[buf].toolbus_read
   local written, err = pcall(api.nvim_buf_call, buf, function()
     vim.cmd('silent write')
   end)
+  if vim.deep_equal(vim.b[buf].toolbus_read, noted) then -- BufWritePost ignored ('eventignore')
+    note_read(buf)
+  end
   if not written then
     if vim.bo[buf].modified or disk_identity(name) == disk then
       return { status = 'vim_error', message = err }

@@ -457,6 +457,24 @@ async def test_a_hook_failing_after_the_write_leaves_a_save(
     assert journal.blob(saved["data"]["written_blob"]) == b"new text\n"
 
 
+async def test_saves_with_write_events_ignored_are_no_disk_changes(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """With 'eventignore' holding BufWritePost, toolbus notes its own write all the same: the
+    next save is no conflict."""
+    path = make(files, "quiet.py")
+    nvim.edit(path)
+    nvim.command("set eventignore=BufWritePost")
+    try:
+        for text in ("one", "two"):
+            nvim.set_lines(path, [text])
+            reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+            assert reply["saved"], reply["message"]
+    finally:
+        nvim.command("set eventignore=")
+    assert path.read_text() == "two\n"
+
+
 async def test_a_prompt_during_save_times_out_and_neovim_is_usable_after(
     journal_path: Path, nvim: NeovimProcess, files: Path, mode: str, journal: JournalReader
 ) -> None:
