@@ -62,6 +62,7 @@ def fresh_database() -> str:
 def drop_database(name: str) -> None:
     with admin() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'DROP ROLE IF EXISTS "toolbus_agent_{name}"')  # its journal's agent group
 
 
 def initialised_database() -> tuple[str, str]:

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.journal_contract import NEW_YEAR_MS, JournalContract, observation, record, saved
-from tests.postgres_server import Team, drop_database, initialised_database
+from tests.postgres_server import Team, drop_database, initialised_database, server_url, with_database
 from toolbus.bus import (
     Appended,
     AuditQuery,
@@ -36,6 +36,8 @@ from toolbus.journal.postgres import (
     PostgresReader,
     connect,
     init_schema,
+    register_agent,
+    unregister_agent,
 )
 from toolbus.journal.postgres import reader as reader_module
 from toolbus.journal.postgres import store as store_module
@@ -251,6 +253,51 @@ def _save_at(team: Team, name: str, title: str, at: int, visibility: str = "proj
     finally:
         writer.close()
     return appended
+
+
+def test_an_agent_of_one_team_journal_is_none_of_another_on_the_same_server(team: Team) -> None:
+    """Roles belong to the whole server: each team journal has its agent group of its own, so
+    an agent of one reads nothing of another, and leaving one keeps it in the other."""
+    other = Team()  # another team's journal, in another database of the same server
+    try:
+        _save_at(other, "alice", "the other team's plan", NEW_YEAR_MS)
+        alice = team.roles["alice"]
+        as_alice_there = with_database(server_url(), other.database, user=alice, password="s3cret-alice")
+        with (
+            psycopg.connect(as_alice_there, autocommit=True) as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            conn.execute("SELECT title FROM toolbus.observations")
+        with connect(other.admin_url) as conn:
+            register_agent(conn, alice, "platform")  # an agent of both
+        with connect(team.admin_url) as conn:
+            unregister_agent(conn, alice)  # ... and then of the other only
+        with psycopg.connect(as_alice_there, autocommit=True) as conn:
+            assert conn.execute("SELECT title FROM toolbus.observations").fetchall() == [("the other team's plan",)]
+    finally:
+        other.drop()
+
+
+def test_init_takes_an_older_journal_from_the_group_every_team_journal_shared(team: Team) -> None:
+    """Before schema 4, agents of every team journal on a server joined `toolbus_agent`, which
+    held this journal's grants: `journal init` leaves it nothing here."""
+    outsider = f"dave_{team.database}"
+    with connect(team.admin_url) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE toolbus_agent NOLOGIN; EXCEPTION WHEN duplicate_object THEN END $$")
+        conn.execute("GRANT USAGE ON SCHEMA toolbus TO toolbus_agent")
+        conn.execute("GRANT SELECT ON toolbus.commands TO toolbus_agent")
+        conn.execute(f"CREATE ROLE \"{outsider}\" LOGIN PASSWORD 'x' IN ROLE toolbus_agent")
+        as_outsider = with_database(server_url(), team.database, user=outsider, password="x")
+        try:
+            with psycopg.connect(as_outsider, autocommit=True) as theirs:
+                theirs.execute("SELECT count(*) FROM toolbus.commands")  # another team's agent, let in
+            init_schema(conn)
+            refused = pytest.raises(psycopg.errors.InsufficientPrivilege)
+            with psycopg.connect(as_outsider, autocommit=True) as theirs, refused:
+                theirs.execute("SELECT count(*) FROM toolbus.commands")
+        finally:
+            conn.execute(f'DROP ROLE "{outsider}"')
+    _save_at(team, "alice", "registered agents go on", NEW_YEAR_MS)
 
 
 def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> None:

@@ -609,7 +609,7 @@ def test_a_team_journal_failing_mid_read_is_said_in_one_line(team: Team) -> None
     """An error PostgreSQL gives once connected (here a privilege taken away; a lock waited for,
     a server restarting) ends the command with its words, not a traceback."""
     with psycopg.connect(team.admin_url, options="-c search_path=toolbus", autocommit=True) as conn:
-        conn.execute("REVOKE SELECT ON commands FROM toolbus_agent")
+        conn.execute(f'REVOKE SELECT ON commands FROM "toolbus_agent_{team.database}"')
     for command in (("audit",), ("history", "/src/a.py")):
         run = cli(*command, "--journal", team.url("alice"))
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr

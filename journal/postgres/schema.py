@@ -2,9 +2,9 @@
 
 Everything lives in the `toolbus` schema. The role that runs `toolbus journal init` owns the
 tables (it is the team's admin: it sees everything); agents are login roles the admin
-registers (`register_agent`), members of the `toolbus_agent` group role that holds their
-privileges. Row-level security makes the database itself enforce what an agent may see
-and write, whatever client it uses:
+registers (`register_agent`), members of the database's group role (`agent_group`:
+`toolbus_agent_DATABASE`) that holds their privileges. Row-level security makes the database
+itself enforce what an agent may see and write, whatever client it uses:
 
 - an agent reads its own commands, events and blobs, and the observations (and the events
   that saved them) that their visibility shows it: public and project ones, its department's,
@@ -23,6 +23,7 @@ a sequence).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import psycopg
@@ -32,12 +33,14 @@ from toolbus.bus import JournalUnavailable
 from toolbus.journal.postgres.memory import MEMORY_TABLES
 
 SCHEMA = "toolbus"
-AGENT_GROUP = "toolbus_agent"
+# The group role schemas before 4 gave the agents of every team journal on a server alike.
+SHARED_AGENT_GROUP = "toolbus_agent"
 # What each schema version brought, in a user's words: missing until the admin runs `journal
 # init` again.
 SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
+    4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
@@ -211,17 +214,34 @@ _POLICIES = {
         " AND e.department = observations.department AND e.visibility = observations.visibility))",
     },
 }
+# `{group}`: the database's agent group, quoted.
 _GRANTS = (
     # The functions run as the owner: only agents may call them (PostgreSQL lets anyone by default).
     "REVOKE EXECUTE ON FUNCTION next_position(), my_department(), latest_observation_time(),"
     " matching_observations(tsquery, tsquery) FROM PUBLIC",
-    f"GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_GROUP}",
-    f"GRANT SELECT ON meta, agents TO {AGENT_GROUP}",
-    f"GRANT SELECT, INSERT ON commands, events, blobs, observations TO {AGENT_GROUP}",
-    f"GRANT UPDATE (status, error, finished_at, duration_ms, pending) ON commands TO {AGENT_GROUP}",
-    f"GRANT EXECUTE ON FUNCTION my_department(), latest_observation_time(), matching_observations(tsquery, tsquery)"
-    f" TO {AGENT_GROUP}",
+    f"GRANT USAGE ON SCHEMA {SCHEMA} TO {{group}}",
+    "GRANT SELECT ON meta, agents TO {group}",
+    "GRANT SELECT, INSERT ON commands, events, blobs, observations TO {group}",
+    "GRANT UPDATE (status, error, finished_at, duration_ms, pending) ON commands TO {group}",
+    "GRANT EXECUTE ON FUNCTION my_department(), latest_observation_time(), matching_observations(tsquery, tsquery)"
+    " TO {group}",
 )
+# What the shared group of older schemas held here: nothing, once this database has its own.
+_SHARED_GROUP_REVOKED = (
+    f"REVOKE ALL ON SCHEMA {SCHEMA} FROM {SHARED_AGENT_GROUP}",
+    f"REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM {SHARED_AGENT_GROUP}",
+    f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM {SHARED_AGENT_GROUP}",
+)
+
+
+def agent_group(conn: psycopg.Connection[Any]) -> str:
+    """The group role of this database's agents. Roles belong to the whole server: a group
+    shared by every team journal on it would let an agent of one read another's."""
+    [(database,)] = conn.execute("SELECT current_database()").fetchall()
+    name = f"toolbus_agent_{database}"
+    if len(name.encode()) > 63:  # PostgreSQL's longest name
+        name = "toolbus_agent_" + hashlib.sha256(database.encode()).hexdigest()[:32]
+    return name
 
 
 def init_schema(conn: psycopg.Connection[Any]) -> None:
@@ -232,7 +252,9 @@ def init_schema(conn: psycopg.Connection[Any]) -> None:
             raise JournalUnavailable(newer_schema(f"database {conn.info.dbname!r}", version))
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         conn.execute(f"SET LOCAL search_path = {SCHEMA}")
-        _create_group(conn)
+        name = agent_group(conn)
+        _create_group(conn, name)
+        group = sql.Identifier(name).as_string(conn)
         for statement in (*_TABLES, *MEMORY_TABLES, *_FUNCTIONS):
             conn.execute(statement)
         for table, policies in _POLICIES.items():
@@ -240,9 +262,10 @@ def init_schema(conn: psycopg.Connection[Any]) -> None:
             for action, rule in policies.items():
                 name = f"{table}_{action.lower()}"
                 conn.execute(f"DROP POLICY IF EXISTS {name} ON {table}")
-                conn.execute(f"CREATE POLICY {name} ON {table} FOR {action} TO {AGENT_GROUP} {rule}")
+                conn.execute(f"CREATE POLICY {name} ON {table} FOR {action} TO {group} {rule}")
         for statement in _GRANTS:
-            conn.execute(statement)
+            conn.execute(statement.format(group=group))
+        _leave_shared_group(conn, group)
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -250,11 +273,21 @@ def init_schema(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def _create_group(conn: psycopg.Connection[Any]) -> None:
-    """The group role agents join; roles belong to the whole server, so it may exist already."""
-    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (AGENT_GROUP,)).fetchone()
-    if not exists:
-        conn.execute(f"CREATE ROLE {AGENT_GROUP} NOLOGIN")
+def _create_group(conn: psycopg.Connection[Any], name: str) -> None:
+    """The group role agents join; it may exist already (`journal init` again)."""
+    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name)))
+
+
+def _leave_shared_group(conn: psycopg.Connection[Any], group: str) -> None:
+    """A journal of an older schema: its agents join its own group, and the group every team
+    journal shared loses what it held here (its members' other journals keep theirs)."""
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (SHARED_AGENT_GROUP,)).fetchone():
+        for statement in _SHARED_GROUP_REVOKED:
+            conn.execute(statement)
+    agents = conn.execute(f"SELECT a.role FROM {SCHEMA}.agents AS a JOIN pg_roles AS r ON r.rolname = a.role")
+    for (role,) in agents.fetchall():
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.SQL(group), sql.Identifier(role)))
 
 
 def register_agent(conn: psycopg.Connection[Any], role: str, department: str) -> None:
@@ -283,7 +316,7 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
             " ON CONFLICT (role) DO UPDATE SET department = excluded.department",
             (role, department),
         )
-        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(AGENT_GROUP), sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(_own_group(conn)), sql.Identifier(role)))
         conn.execute(
             sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = {}").format(
                 sql.Identifier(role), sql.Literal(f"{IDLE_IN_TRANSACTION_TIMEOUT}s")
@@ -298,9 +331,20 @@ def unregister_agent(conn: psycopg.Connection[Any], role: str) -> str:
         removed = conn.execute(f"DELETE FROM {SCHEMA}.agents WHERE role = %s RETURNING department", (role,)).fetchone()
         if removed is None:
             raise LookupError(f"{role!r} is not an agent of this team journal")
-        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(AGENT_GROUP), sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(_own_group(conn)), sql.Identifier(role)))
         conn.execute(sql.SQL("ALTER ROLE {} RESET idle_in_transaction_session_timeout").format(sql.Identifier(role)))
     return str(removed[0])
+
+
+def _own_group(conn: psycopg.Connection[Any]) -> str:
+    """This database's agent group, which `journal init` of schema 4 made."""
+    group = agent_group(conn)
+    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (group,)).fetchone():
+        raise LookupError(
+            f"the team journal in database {conn.info.dbname!r} has no agent group of its own yet:"
+            " run `toolbus journal init` on it again first"
+        )
+    return group
 
 
 def keeps_pending(conn: psycopg.Connection[Any]) -> bool:
