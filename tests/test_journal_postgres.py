@@ -207,11 +207,18 @@ def test_an_agent_cannot_write_in_anothers_name_nor_change_the_past(team: Team) 
             " VALUES ('x', '{}', current_user, 'platform', '2026', 'ok') RETURNING id"
         ).fetchall()
         assert conn.execute("UPDATE commands SET status = 'failed' WHERE id = %s", (bobs,)).rowcount == 0
+        # Nor one that finished in doubt.
+        [(doubted,)] = conn.execute(
+            "INSERT INTO commands (tool, arguments, agent, department, received_at, finished_at, status, error)"
+            " VALUES ('x', '{}', current_user, 'platform', '2026', '2026', 'in_doubt', 'timed out') RETURNING id"
+        ).fetchall()
+        rewritten = "UPDATE commands SET status = 'ok', error = NULL WHERE id = %s"
+        assert conn.execute(rewritten, (doubted,)).rowcount == 0
         # An agent may finish its own commands: another's it cannot even find.
         assert conn.execute("UPDATE commands SET status = 'failed'").rowcount == 0
     with psycopg.connect(team.admin_url, options="-c search_path=toolbus") as admin:
         assert admin.execute("SELECT count(*) FROM events").fetchone() == (5,)
-        assert {row[0] for row in admin.execute("SELECT status FROM commands")} == {"ok"}
+        assert {row[0] for row in admin.execute("SELECT status FROM commands")} == {"ok", "in_doubt"}
         assert admin.execute("SELECT count(*) FROM observations").fetchone() == (4,)
 
 

@@ -40,7 +40,8 @@ SHARED_AGENT_GROUP = "toolbus_agent"
 SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
-    4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it",
+    4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it;"
+    " a command finished in doubt its agent can no longer rewrite",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
 # pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
@@ -194,7 +195,8 @@ _POLICIES = {
         "INSERT": f"WITH CHECK ({_IN_OWN_NAME})",
         # Finishing its own command under way (or settling one whose process died): a finished
         # one is history, not to be rewritten.
-        "UPDATE": "USING (agent = current_user AND status = 'in_doubt') WITH CHECK (agent = current_user)",
+        "UPDATE": "USING (agent = current_user AND status = 'in_doubt' AND finished_at IS NULL)"
+        " WITH CHECK (agent = current_user)",
     },
     "events": {
         # Another agent's event only if it saved an observation this agent may see.
