@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from functools import cache
@@ -30,8 +31,9 @@ def server_url() -> str:
 
     # A short directory: the server's Unix socket path must fit in 107 bytes.
     root = tempfile.mkdtemp(prefix="tbpg")
-    server = get_server(root, cleanup_mode="stop")
-    atexit.register(server.cleanup)
+    server = get_server(root, cleanup_mode="delete")  # a cluster is hundreds of MB: none left behind
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    atexit.register(server.cleanup)  # first: atexit runs the last registered first
     return str(server.get_uri())
 
 
