@@ -182,8 +182,9 @@ def _caller(
 
 
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
-    """Serve until stdin ends or a SIGTERM/SIGINT: calls still running (an openDiff waiting for
-    the user) are cancelled either way, so they close their views and journal `cancelled`."""
+    """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
+    in closed): calls still running (an openDiff waiting for the user) are cancelled either
+    way, so they close their views and journal `cancelled`."""
     async with anyio.create_task_group() as serving:
         serving.start_soon(_stop_on_signal, serving.cancel_scope)
         await _serve_stdio(server, arrivals)
@@ -191,7 +192,7 @@ async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
 
 
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for received in signals:
             log.info("stopping on %s", signal.Signals(received).name)
             scope.cancel()

@@ -767,15 +767,16 @@ def test_a_client_that_disconnects_leaves_no_view_and_a_cancelled_call(tmp_path:
     assert path.read_text() == "kept\n"
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the agent's terminal closed
 def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_call(
-    tmp_path: Path, nvim: NeovimProcess
+    tmp_path: Path, nvim: NeovimProcess, stop: signal.Signals
 ) -> None:
     path = tmp_path / "a.py"
     path.write_text("kept\n")
     with start_server(tmp_path, nvim) as alone:
         propose(alone, path, "stopped\n", "stopped")
         shown(nvim)
-        alone.process.send_signal(signal.SIGTERM)
+        alone.process.send_signal(stop)
         assert alone.process.wait(timeout=10) == 0
     assert tabs(nvim) == 1
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
