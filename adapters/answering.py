@@ -11,7 +11,8 @@ on the way out, pairs each parsed item with its line (the SDK yields exactly one
 in order). Good lines cost a deque append and pop; only a line the SDK refused is parsed again,
 by Python's own JSON parser, which takes both. A request recovered that way goes on to the SDK
 as if it had parsed it (so a `tools/call` reaches the bus, which rejects a lone surrogate as an
-invalid argument, and journals it); anything else is answered here with a JSON-RPC error.
+invalid argument, and journals it); anything else is answered here with a JSON-RPC error. So
+is a request whose id is neither a string nor an integer, which the SDK reads as a notification.
 
 A `tools/call` whose `arguments` are not an object (a client that sends them as a JSON string,
 say) would get the SDK's bare "Invalid request parameters", unjournaled. It goes on with the
@@ -91,6 +92,9 @@ class _AnsweredStream:
             item = await self._parsed.receive()
             line = self._lines.popleft() if self._lines else None
             if not isinstance(item, Exception):
+                if line is not None and (refused := _request_with_a_bad_id(item, line)) is not None:
+                    await self._answer(refused)
+                    continue
                 return item
             if line is None:  # not one of ours: leave it to the SDK, which logs it
                 return item
@@ -170,6 +174,20 @@ def recover(line: str) -> SessionMessage | types.JSONRPCError | None:
         return SessionMessage(types.jsonrpc_message_adapter.validate_python(value, by_name=False))
     except pydantic.ValidationError:
         return _error(request_id, types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message")
+
+
+def _request_with_a_bad_id(item: SessionMessage, line: str) -> types.JSONRPCError | None:
+    """The error answering a request whose id is neither a string nor an integer (a float, null,
+    a boolean), which the SDK takes for a notification and leaves unanswered. Notifications are
+    few: only their lines are read again."""
+    if not isinstance(item.message, types.JSONRPCNotification):
+        return None
+    value = json.loads(line)
+    if not (isinstance(value, dict) and "id" in value):
+        return None
+    number = value["id"]
+    matched = int(number) if isinstance(number, float) and number.is_integer() else None  # 2.0 is 2 to JSON
+    return _error(matched, types.INVALID_REQUEST, "Invalid request: an id must be a string or an integer")
 
 
 def _request_id(value: Any) -> int | str | None:

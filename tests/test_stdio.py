@@ -290,6 +290,11 @@ UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
         b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"save","arguments":"\\ud83d"}}',
         {"id": 10, "tool_error": "Invalid arguments for save: arguments: expected an object, got str"},
     ),
+    # An id neither a string nor an integer: the SDK read these as notifications, answering none.
+    (b'{"jsonrpc":"2.0","id":11.0,"method":"tools/list"}', {"id": 11, "code": -32600}),
+    (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', {"id": None, "code": -32600}),
+    (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', {"id": None, "code": -32600}),
+    (b'{"jsonrpc":"2.0","id":true,"method":"tools/call","params":{"name":"save"}}', {"id": None, "code": -32600}),
 ]
 
 
