@@ -16,6 +16,7 @@ import mcp.types as types
 import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 
 from toolbus.adapters.answering import arguments_as_sent
 from toolbus.adapters.arrival import ArrivalOrder
@@ -109,6 +110,8 @@ def build_server(
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if params is not None and params.cursor is not None:  # one page, which needs none
+            raise MCPError(types.INVALID_PARAMS, f"Invalid cursor {params.cursor!r}: the tool list has one page")
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:

@@ -295,6 +295,7 @@ UNREADABLE_LINES: list[tuple[bytes, dict[str, Any] | None]] = [
     (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', {"id": None, "code": -32600}),
     (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', {"id": None, "code": -32600}),
     (b'{"jsonrpc":"2.0","id":true,"method":"tools/call","params":{"name":"save"}}', {"id": None, "code": -32600}),
+    (b'{"jsonrpc":"2.0","id":12,"method":"tools/list","params":{"cursor":"bogus"}}', {"id": 12, "code": -32602}),
 ]
 
 
