@@ -307,6 +307,27 @@ def test_init_takes_an_older_journal_from_the_group_every_team_journal_shared(te
     _save_at(team, "alice", "registered agents go on", NEW_YEAR_MS)
 
 
+def test_an_event_no_toolbus_wrote_is_left_out_of_rebuilds_and_checks_not_fatal_to_them(team: Team) -> None:
+    """An agent may insert any event in its own name over plain SQL, an ObservationSaved with no
+    title too: the team's rebuild and every check go on without it, and the check says so."""
+    _save_at(team, "alice", "an ordinary note", NEW_YEAR_MS)
+    with team.sql("bob") as conn:
+        [(junk,)] = conn.execute(
+            "INSERT INTO events (event_id, type, version, stream, recorded_at, data, agent, department, visibility)"
+            " VALUES ('junk', 'ObservationSaved', 1, 'memory:p', '2026', %s, current_user, 'platform', 'public')"
+            " RETURNING position",
+            (json.dumps({"agent": team.roles["bob"], "department": "platform", "visibility": "public"}),),
+        ).fetchall()
+    journal, checker = PostgresJournal(team.admin_url), PostgresReader(team.url("carol"))
+    try:
+        check = checker.check_memory()
+        assert check.differences == [f"events: @{junk} is an ObservationSaved no toolbus wrote (unreadable): left out"]
+        assert journal.rebuild_memory() == 1
+    finally:
+        journal.close()
+        checker.close()
+
+
 def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> None:
     """An agent's note comes after another's private note, timed by a clock ahead of its own:
     it is timed after it, or an agent who sees both would miss it asking for the notes after
