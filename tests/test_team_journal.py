@@ -505,19 +505,26 @@ async def test_replay_memory_rebuilds_a_team_journal_and_check_finds_it_whole(te
 
 
 async def test_a_lock_held_by_another_session_fails_a_save_in_seconds_not_never(team: Team) -> None:
-    from toolbus.journal.postgres.schema import APPEND_LOCK
-
     async with toolbus(team.url("alice"), None, env=QUICK_TIMEOUTS) as alice:
         await save_note(alice, "before", "project")
-        with team.sql("bob") as bob:  # a stray session holding the append lock, as any role can
-            bob.execute("SELECT pg_advisory_lock(%s)", (APPEND_LOCK,))
+        with team.sql("bob") as bob:  # an agent's session that appends, and keeps its transaction open
+            bob.execute("BEGIN")
+            bob.execute(
+                "INSERT INTO events (event_id, type, version, stream, recorded_at, data, agent, department,"
+                " visibility) VALUES ('held', 'Held', 1, 's', '2026', '{}', current_user, 'platform', 'private')"
+            )
             with anyio.fail_after(20):
                 result = await alice.call_tool("save", {"title": "blocked", "text": "x"})
             assert result.is_error and "lock timeout" in text_of(result)
-            bob.execute("SELECT pg_advisory_unlock(%s)", (APPEND_LOCK,))
-        await save_note(alice, "after", "project")
+            bob.execute("ROLLBACK")
+            # The lock is a row only the journal's owner may lock: no session-long advisory lock
+            # of any key (the one schemas before 4 used: 'tbus') holds it.
+            bob.execute("SELECT pg_advisory_lock(x'74627573'::int)")
+            await save_note(alice, "after", "project")
     titles = sorted(row[0] for row in admin_rows(team, "SELECT title FROM observations"))
     assert titles == ["after", "before"]
+    with team.sql("bob") as bob, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        bob.execute("SELECT FROM append_lock FOR UPDATE")
 
 
 async def test_a_server_that_stops_answering_gives_an_error_not_a_hang(team: Team) -> None:

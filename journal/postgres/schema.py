@@ -16,9 +16,10 @@ itself enforce what an agent may see and write, whatever client it uses:
 - a blob's hash is checked against its content.
 
 One gapless order of events across machines: a trigger gives each new event the next
-position under a transaction-scoped advisory lock, held until commit, so positions commit
+position under a lock on the one row of `append_lock`, held until commit, so positions commit
 in order and a reader following the log never skips one (a rollback leaves no hole, unlike
-a sequence).
+a sequence). Only the owner may lock that row (an advisory lock, which any role may take
+and hold for a whole session, would let one agent stop everyone's saves).
 """
 
 from __future__ import annotations
@@ -41,11 +42,9 @@ SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
     4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it;"
-    " a command finished in doubt its agent can no longer rewrite",
+    " a command finished in doubt its agent can no longer rewrite; an append lock no agent can hold",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
-# pg_advisory_xact_lock's key for appending events: 'tbus' as a number.
-APPEND_LOCK = 0x74627573
 IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
 
 _TABLES = (
@@ -105,6 +104,9 @@ _TABLES = (
         content bytea NOT NULL CHECK (hash = encode(sha256(content), 'hex')),
         PRIMARY KEY (hash, agent)
     )""",
+    # The append lock: its one row, locked (FOR UPDATE) by the owner's functions only.
+    "CREATE TABLE IF NOT EXISTS append_lock (one boolean PRIMARY KEY DEFAULT true CHECK (one))",
+    "INSERT INTO append_lock VALUES (true) ON CONFLICT DO NOTHING",
 )
 
 # Whether role `r` is one row-level security does not bind on the table `c`: a superuser, a role
@@ -155,7 +157,7 @@ _FUNCTIONS = (
     f"""CREATE OR REPLACE FUNCTION next_position() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
     BEGIN
-        PERFORM pg_advisory_xact_lock({APPEND_LOCK});
+        PERFORM 1 FROM {SCHEMA}.append_lock FOR UPDATE;
         NEW.position := (SELECT coalesce(max(position), 0) + 1 FROM {SCHEMA}.events);
         RETURN NEW;
     END $$""",
@@ -170,7 +172,7 @@ _FUNCTIONS = (
     f"""CREATE OR REPLACE FUNCTION latest_observation_time() RETURNS bigint
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = {SCHEMA}, pg_temp AS $$
     BEGIN
-        PERFORM pg_advisory_xact_lock({APPEND_LOCK});
+        PERFORM 1 FROM {SCHEMA}.append_lock FOR UPDATE;
         RETURN (SELECT max(created_at_epoch) FROM {SCHEMA}.observations);
     END $$""",
     *SEARCH_FUNCTIONS,

@@ -55,7 +55,7 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 log = logging.getLogger("toolbus.journal")
 
 CONNECT_TIMEOUT = 5  # seconds: a server that is down is reported, never waited on
-# A lock held by another session (an agent's open transaction, a stray advisory lock) fails a
+# A lock held by another session (an agent's open transaction, an admin's) fails a
 # write after this many seconds instead of blocking it; and a call waits twice as long at most
 # for a server that does not answer at all (stopped, or its machine gone).
 LOCK_TIMEOUT = 5.0
