@@ -4,6 +4,7 @@ from the login, visibility and append-only rows enforced by the database, idempo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -326,6 +327,18 @@ def test_an_event_no_toolbus_wrote_is_left_out_of_rebuilds_and_checks_not_fatal_
     finally:
         journal.close()
         checker.close()
+
+
+def test_init_adds_the_hash_check_a_journal_of_schema_1_lacks(team: Team) -> None:
+    with connect(team.admin_url) as conn:
+        [(check,)] = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'toolbus.blobs'::regclass AND contype = 'c'"
+        ).fetchall()
+        conn.execute(f"ALTER TABLE toolbus.blobs DROP CONSTRAINT {check}")  # as schema 1 made it
+        init_schema(conn)
+    forged = "INSERT INTO blobs (hash, agent, size, content) VALUES (%s, current_user, 6, 'forged')"
+    with team.sql("bob") as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(forged, (hashlib.sha256(b"the real text").hexdigest(),))
 
 
 def test_a_note_is_never_timed_before_one_its_agent_may_not_see(team: Team) -> None:

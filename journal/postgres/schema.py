@@ -42,7 +42,8 @@ SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
     4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it;"
-    " a command finished in doubt its agent can no longer rewrite; an append lock no agent can hold",
+    " a command finished in doubt its agent can no longer rewrite; an append lock no agent can hold;"
+    " (from schema 1) each text checked against its hash",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
 IDLE_IN_TRANSACTION_TIMEOUT = 30  # seconds an agent's session may hold a transaction open, idle
@@ -104,6 +105,14 @@ _TABLES = (
         content bytea NOT NULL CHECK (hash = encode(sha256(content), 'hex')),
         PRIMARY KEY (hash, agent)
     )""",
+    # A journal of schema 1 made `blobs` without the hash check (CREATE TABLE IF NOT EXISTS above
+    # adds none to a table there already): new rows get it; old ones toolbus wrote itself.
+    f"""DO $$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_constraint WHERE conrelid = '{SCHEMA}.blobs'::regclass AND contype = 'c') THEN
+            ALTER TABLE blobs ADD CONSTRAINT blobs_content_check
+                CHECK (hash = encode(sha256(content), 'hex')) NOT VALID;
+        END IF;
+    END $$""",
     # The append lock: its one row, locked (FOR UPDATE) by the owner's functions only.
     "CREATE TABLE IF NOT EXISTS append_lock (one boolean PRIMARY KEY DEFAULT true CHECK (one))",
     "INSERT INTO append_lock VALUES (true) ON CONFLICT DO NOTHING",
