@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -47,9 +47,10 @@ Item = SessionMessage | Exception
 class LineAnswerer:
     """Wraps the SDK's line source (`lines`) and the read stream it parses them into (`read`)."""
 
-    def __init__(self, on_message: Callable[[Any], None]) -> None:
+    def __init__(self, on_message: Callable[[Any], None], on_end: Callable[[], Awaitable[None]]) -> None:
         self._lines: collections.deque[str] = collections.deque()
         self._on_message = on_message  # sees every message read, in order
+        self._on_end = on_end  # awaited once the client closed stdin, before the SDK hears it
 
     async def lines(self, source: AsyncIterable[str]) -> AsyncIterator[str]:
         async for line in source:
@@ -57,7 +58,7 @@ class LineAnswerer:
             yield line
 
     def read(self, parsed: ReadStream[Item], write: WriteStream[SessionMessage]) -> ReadStream[Item]:
-        return _AnsweredStream(parsed, write, self._lines, self._on_message)
+        return _AnsweredStream(parsed, write, self._lines, self._on_message, self._on_end)
 
 
 class _AnsweredStream:
@@ -70,11 +71,13 @@ class _AnsweredStream:
         write: WriteStream[SessionMessage],
         lines: collections.deque[str],
         on_message: Callable[[Any], None],
+        on_end: Callable[[], Awaitable[None]],
     ) -> None:
         self._parsed = parsed
         self._write = write
         self._lines = lines
         self._on_message = on_message
+        self._on_end = on_end
 
     @property
     def last_context(self) -> Any:  # the SDK runs each message in its sender's context
@@ -89,7 +92,11 @@ class _AnsweredStream:
 
     async def _receive(self) -> Item:
         while True:
-            item = await self._parsed.receive()
+            try:
+                item = await self._parsed.receive()
+            except anyio.EndOfStream:  # the SDK cancels every call still running when it hears it
+                await self._on_end()
+                raise
             line = self._lines.popleft() if self._lines else None
             if not isinstance(item, Exception):
                 if line is not None and (refused := _request_with_a_bad_id(item, line)) is not None:

@@ -8,6 +8,10 @@ finishes, when its answer goes out (the SDK refused it before any handler ran) o
 client cancels it before its turn, so no call can hold the others back for good. A call
 cancelled before its turn never takes it: the SDK cancels its task once it sees the same
 notice, and the journal records it `cancelled`.
+
+It also keeps count of the requests not yet answered, so that a client that closes stdin
+after its last requests still gets their answers (`answered_all`), but for calls waiting for a
+person, which the end of the session cancels.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.types as types
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 
 if TYPE_CHECKING:
@@ -37,13 +42,20 @@ class ArrivalOrder:
         # Made by the first call that waits, set and dropped when one leaves: most calls find
         # nobody before them, and should not pay for an event per call.
         self._moved: anyio.Event | None = None
+        # Requests owed an answer (ids as the SDK correlates them), and what wakes `answered_all`.
+        self._unanswered: set[RequestId] = set()
+        self._answered: anyio.Event | None = None
 
     def arrived(self, message: Any) -> None:
         """Note a message from the client, in the order they come."""
-        if isinstance(message, types.JSONRPCRequest) and self._is_ordered_call(message):
-            self._waiting[message.id] = None
+        if isinstance(message, types.JSONRPCRequest):
+            self._unanswered.add(coerce_request_id(message.id))
+            if self._is_ordered_call(message):
+                self._waiting[message.id] = None
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
             request_id = (message.params or {}).get("requestId")
+            if isinstance(request_id, int | str):
+                self.settled(request_id)  # a cancelled request is not answered
             if isinstance(request_id, int | str) and request_id in self._waiting and request_id not in self._started:
                 # Marked before the SDK sees the notice: woken by `left`, it must not run meanwhile.
                 self._cancelled.add(request_id)
@@ -56,6 +68,25 @@ class ArrivalOrder:
             if self._moved is not None:
                 self._moved.set()  # wakes every waiter: each checks whether it is now first
                 self._moved = None
+
+    def waits_for_a_person(self, request_id: RequestId) -> None:
+        """The call now waits for a person: the calls after it go on, and the end of the session
+        cancels it rather than waiting for its answer."""
+        self.left(request_id)
+        self.settled(request_id)
+
+    def settled(self, request_id: RequestId) -> None:
+        """`request_id` is owed no answer any more: it was answered, or will not be."""
+        self._unanswered.discard(coerce_request_id(request_id))
+        if not self._unanswered and self._answered is not None:
+            self._answered.set()
+
+    async def answered_all(self, seconds: float) -> None:
+        """Wait, at most `seconds`, until every request is answered but those waiting for a person."""
+        with anyio.move_on_after(seconds):
+            while self._unanswered:
+                self._answered = anyio.Event()
+                await self._answered.wait()
 
     @contextlib.asynccontextmanager
     async def turn(self, request_id: RequestId | None) -> AsyncIterator[Callable[[], Awaitable[None]]]:
@@ -99,9 +130,12 @@ class _AnswerWatch:
 
     async def send(self, item: SessionMessage) -> None:
         answer = item.message
-        if isinstance(answer, types.JSONRPCResponse | types.JSONRPCError) and answer.id is not None:
-            self._order.left(answer.id)
+        answered = answer.id if isinstance(answer, types.JSONRPCResponse | types.JSONRPCError) else None
+        if answered is not None:
+            self._order.left(answered)
         await self._write.send(item)
+        if answered is not None:
+            self._order.settled(answered)
 
     async def aclose(self) -> None:
         await self._write.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -124,7 +125,7 @@ def build_server(
         def waiting() -> None:
             # The calls after this one go on; its client hears it is alive meanwhile.
             if ctx.request_id is not None:
-                arrivals.left(ctx.request_id)
+                arrivals.waits_for_a_person(ctx.request_id)
             if (token := _progress_token(ctx)) is not None:
                 reporters.append(
                     asyncio.get_running_loop().create_task(_report_progress(ctx, token, arrived, interval))
@@ -184,6 +185,11 @@ def _caller(
     )
 
 
+# How long the answers to the last requests may take once the client closes stdin (each
+# editor call has its own, shorter, timeout; a call waiting for a person is cancelled at once).
+ANSWERS_AFTER_EOF_S = 30.0
+
+
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
     in closed): calls still running (an openDiff waiting for the user) are cancelled either
@@ -208,7 +214,7 @@ async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     from toolbus.adapters.answering import LineAnswerer
     from toolbus.adapters.stdio import event_loop_stdio, threaded_stdin
 
-    answerer = LineAnswerer(arrivals.arrived)
+    answerer = LineAnswerer(arrivals.arrived, functools.partial(arrivals.answered_all, ANSWERS_AFTER_EOF_S))
     async with event_loop_stdio() as streams, contextlib.AsyncExitStack() as stack:
         # The SDK's stdout when stdout is not a pipe; its protocol work either way. The lines
         # pass through toolbus, so that a line the SDK cannot parse still gets an answer.

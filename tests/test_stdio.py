@@ -367,3 +367,35 @@ class Received:
                 return cast(dict[str, Any], json.loads(lines[self._taken - 1]))
             time.sleep(0.02)
         raise AssertionError("no answer in time")
+
+
+def test_requests_sent_before_stdin_closes_are_all_answered(tmp_path: Path) -> None:
+    """A client that writes its requests and closes stdin (`printf … | toolbus serve`) still
+    reads stdout: each request is answered before toolbus exits, as the journal says."""
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "save", "arguments": {"title": "t", "text": "x"}},
+        },
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "getOpenEditors", "arguments": {}}},
+    ]
+    journal = tmp_path / "journal.db"
+    done = subprocess.run(
+        toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock")),
+        input=b"".join(json.dumps(request).encode() + b"\n" for request in requests),
+        capture_output=True,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = {answer["id"]: answer for answer in map(json.loads, done.stdout.splitlines())}
+    assert sorted(answers) == [1, 2, 3, 4]
+    assert answers[4]["result"]["isError"] and not answers[3]["result"].get("isError")
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
+    assert sorted(rows) == [("getOpenEditors", "failed"), ("save", "ok")]
