@@ -16,6 +16,7 @@ person, which the end of the session cancels.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -43,18 +44,19 @@ class ArrivalOrder:
         # nobody before them, and should not pay for an event per call.
         self._moved: anyio.Event | None = None
         # Requests owed an answer (ids as the SDK correlates them), and what wakes `answered_all`.
-        self._unanswered: set[RequestId] = set()
+        # Counted: the SDK runs two requests of one id ("7" and 7 too) side by side.
+        self._unanswered: collections.Counter[RequestId] = collections.Counter()
         self._answered: anyio.Event | None = None
 
     def arrived(self, message: Any) -> None:
         """Note a message from the client, in the order they come."""
         if isinstance(message, types.JSONRPCRequest):
-            self._unanswered.add(coerce_request_id(message.id))
+            self._unanswered[coerce_request_id(message.id)] += 1
             if self._is_ordered_call(message):
                 self._waiting[message.id] = None
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
             request_id = (message.params or {}).get("requestId")
-            if isinstance(request_id, int | str):
+            if isinstance(request_id, int | str) and not isinstance(request_id, bool):
                 self.settled(request_id)  # a cancelled request is not answered
             if isinstance(request_id, int | str) and request_id in self._waiting and request_id not in self._started:
                 # Marked before the SDK sees the notice: woken by `left`, it must not run meanwhile.
@@ -77,7 +79,11 @@ class ArrivalOrder:
 
     def settled(self, request_id: RequestId) -> None:
         """`request_id` is owed no answer any more: it was answered, or will not be."""
-        self._unanswered.discard(coerce_request_id(request_id))
+        key = coerce_request_id(request_id)
+        if self._unanswered[key] > 1:
+            self._unanswered[key] -= 1
+        else:
+            self._unanswered.pop(key, None)
         if not self._unanswered and self._answered is not None:
             self._answered.set()
 
