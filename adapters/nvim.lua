@@ -355,17 +355,16 @@ end
 -- accepted text is being written, closed under that write, would abort it (M.diff_close).
 local writing = {}
 
--- :write `buf` (its file `disk` before), and say what came of it.
-local function write_now(buf, name, disk)
+-- :write `buf`, and say what came of it.
+local function write_now(buf, name)
   local noted = vim.b[buf].toolbus_read
   local written, err = pcall(api.nvim_buf_call, buf, function()
     vim.cmd('silent write')
   end)
-  if vim.deep_equal(vim.b[buf].toolbus_read, noted) then -- BufWritePost ignored ('eventignore')
-    note_read(buf)
-  end
+  -- toolbus's BufWritePost autocmd noted the write: it happened (whatever failed after it).
+  local posted = not vim.deep_equal(vim.b[buf].toolbus_read, noted)
   if not written then
-    if vim.bo[buf].modified or disk_identity(name) == disk then
+    if not posted or vim.bo[buf].modified then
       return { status = 'vim_error', message = err }
     end
     -- A hook failed after the write (a BufWritePost linter's): the file is saved. The user
@@ -373,6 +372,8 @@ local function write_now(buf, name, disk)
     vim.schedule(function()
       vim.notify(err, vim.log.levels.ERROR)
     end)
+  elseif not posted then -- BufWritePost ignored ('eventignore'): the write is noted all the same
+    note_read(buf)
   end
   if vim.bo[buf].modified then
     return { status = 'vim_error', message = 'the buffer is still modified after :write' }
@@ -397,7 +398,7 @@ function M.write(buf, tick, disk)
   end
   local outer = writing[buf] -- a write from the write's own autocmds: the outer one closes
   writing[buf] = outer or {}
-  local ok, outcome = pcall(write_now, buf, name, disk)
+  local ok, outcome = pcall(write_now, buf, name)
   if not outer then
     local closing = writing[buf]
     writing[buf] = nil

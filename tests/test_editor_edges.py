@@ -457,6 +457,26 @@ async def test_a_hook_failing_after_the_write_leaves_a_save(
     assert journal.blob(saved["data"]["written_blob"]) == b"new text\n"
 
 
+async def test_a_write_a_hook_stopped_is_no_save_though_the_file_changed_meanwhile(
+    client: Client, nvim: NeovimProcess, files: Path
+) -> None:
+    """A slow formatter during which something else writes the file, then fails: Vim wrote
+    nothing of the buffer, whatever the file's time says."""
+    path = make(files, "fmt.py", "buffer text\n")
+    nvim.edit(path)
+    nvim.command("augroup fmt | augroup END")
+    nvim.command(
+        "autocmd fmt BufWritePre * lua vim.fn.writefile({'written by someone else'}, vim.fn.expand('<afile>'))"
+        " error('formatter crashed')"
+    )
+    try:
+        reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    finally:
+        nvim.command("autocmd! fmt | augroup! fmt")
+    assert (reply["saved"], reply["message"]) == (False, "Failed to save: formatter crashed")
+    assert path.read_text() == "written by someone else\n"
+
+
 async def test_saves_with_write_events_ignored_are_no_disk_changes(
     client: Client, nvim: NeovimProcess, files: Path
 ) -> None:
