@@ -18,8 +18,11 @@ itself enforce what an agent may see and write, whatever client it uses:
 One gapless order of events across machines: a trigger gives each new event the next
 position under a lock on the one row of `append_lock`, held until commit, so positions commit
 in order and a reader following the log never skips one (a rollback leaves no hole, unlike
-a sequence). Only the owner may lock that row (an advisory lock, which any role may take
-and hold for a whole session, would let one agent stop everyone's saves).
+a sequence). Only the owner's functions lock that row, inside the transaction that appends
+(an advisory lock, which any role may take and hold for a whole idle session, let one agent
+stop everyone's saves). An agent's own transaction that appends holds it until it ends: one
+kept open on purpose (its idle timeout turned off, or a long statement after the append) still
+blocks the others' saves, each with a lock-timeout error, until the admin ends that session.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ SCHEMA_ADDITIONS = {
     2: "the events of a call whose process died (commands.pending)",
     3: "notes timed in the order of their ids, whatever the servers' clocks (latest_observation_time())",
     4: "a group role of its own for its agents: an agent of another team journal on the server sees none of it;"
-    " a command finished in doubt its agent can no longer rewrite; an append lock no agent can hold;"
+    " a command finished in doubt its agent can no longer rewrite; an append lock no idle session can hold;"
     " (from schema 1) each text checked against its hash",
 }
 SCHEMA_VERSION = max(SCHEMA_ADDITIONS)
