@@ -252,11 +252,11 @@ local function mtime_of(name)
   return stat and { stat.mtime.sec, stat.mtime.nsec } or nil
 end
 
--- Vim's own rule (Linux): whole seconds differ only past one either way (a FAT file system's
--- rounding), nanoseconds by any.
+-- Vim's own rule: nanoseconds differ by any; whole seconds, on Linux and Windows, only past
+-- one either way (a FAT file system's rounding), elsewhere by any.
+local SECONDS_SLACK = (vim.fn.has('linux') == 1 or vim.fn.has('win32') == 1) and 1 or 0
 local function time_differs(now, read)
-  local seconds = now[1] - read[1]
-  return seconds > 1 or seconds < -1 or now[2] ~= read[2]
+  return math.abs(now[1] - read[1]) > SECONDS_SLACK or now[2] ~= read[2]
 end
 
 -- Noted when Neovim reads or writes the buffer's own file (see the autocmd at the end).
