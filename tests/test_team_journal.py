@@ -372,7 +372,7 @@ async def test_a_stopped_server_gives_errors_then_toolbus_reconnects(tmp_path: P
     from pgserver.postgres_server import get_server
 
     # A server of its own, which this test stops and starts.
-    server = get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="stop")
+    server = get_server(tempfile.mkdtemp(prefix="tbpgf"), cleanup_mode="delete")
     admin_url = str(server.get_uri())
     with connect(admin_url) as conn:
         init_schema(conn)
