@@ -291,14 +291,18 @@ def init_schema(conn: psycopg.Connection[Any]) -> None:
 
 def _create_group(conn: psycopg.Connection[Any], name: str) -> None:
     """The group role agents join; it may exist already (`journal init` again)."""
-    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+    if not _role_exists(conn, name):
         conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name)))
+
+
+def _role_exists(conn: psycopg.Connection[Any], name: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone() is not None
 
 
 def _leave_shared_group(conn: psycopg.Connection[Any], group: str) -> None:
     """A journal of an older schema: its agents join its own group, and the group every team
     journal shared loses what it held here (its members' other journals keep theirs)."""
-    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (SHARED_AGENT_GROUP,)).fetchone():
+    if _role_exists(conn, SHARED_AGENT_GROUP):
         for statement in _SHARED_GROUP_REVOKED:
             conn.execute(statement)
     agents = conn.execute(f"SELECT a.role FROM {SCHEMA}.agents AS a JOIN pg_roles AS r ON r.rolname = a.role")
@@ -355,7 +359,7 @@ def unregister_agent(conn: psycopg.Connection[Any], role: str) -> str:
 def _own_group(conn: psycopg.Connection[Any]) -> str:
     """This database's agent group, which `journal init` of schema 4 made."""
     group = agent_group(conn)
-    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (group,)).fetchone():
+    if not _role_exists(conn, group):
         raise LookupError(
             f"the team journal in database {conn.info.dbname!r} has no agent group of its own yet:"
             " run `toolbus journal init` on it again first"
