@@ -129,9 +129,10 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         source.close()
         target.close()
+    since = f", {copied.updated} of them brought up to date (events or an outcome recorded since)"
     print(
         f"copied {copied.commands} commands ({copied.events} events, {copied.observations} observations) "
-        f"from {source_path} to {shown(url)}; {copied.already} were there already"
+        f"from {source_path} to {shown(url)}; {copied.already} were there already{since if copied.updated else ''}"
     )
     if copied.made_private:
         print(

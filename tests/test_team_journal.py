@@ -20,10 +20,19 @@ from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.journal_contract import HERE, begin_and_die, observation, record, saved
 from tests.postgres_server import Team, with_database
 from tests.test_cli_errors import damaged_journal
-from toolbus.bus import Caller, FileReplayed, FileRestored, FileWriteInDoubt
+from toolbus.bus import (
+    AuditQuery,
+    Caller,
+    DiffAccepted,
+    DiffProposed,
+    FileReplayed,
+    FileRestored,
+    FileWriteInDoubt,
+    blob_hash,
+)
 from toolbus.journal.postgres import PostgresJournal, connect, init_schema, register_agent
 from toolbus.journal.postgres.copy import COMMANDS_PER_BATCH as copy_batch
-from toolbus.journal.sqlite import SqliteJournal
+from toolbus.journal.sqlite import SqliteJournal, SqliteReader
 
 pytestmark = pytest.mark.anyio
 # A lock waited on for 1 s, a silent server for 2 s (5 and 10 by default).
@@ -344,6 +353,58 @@ def test_copy_names_each_event_by_its_position_in_the_team_journal(team: Team, t
     assert admin_rows(team, named_by_calls) == [("recover", str(saved_at)), ("replay_write", str(saved_at))]
     # the process that ran each command is the laptop's, not the copy's
     assert admin_rows(team, "SELECT DISTINCT pid FROM commands") == [(os.getpid(),)]
+
+
+def test_a_second_copy_brings_what_a_command_gained_since(team: Team, tmp_path: Path) -> None:
+    """An openDiff copied while it waited for the user: the decision, made after, comes with the
+    next copy, and the command is finished there as it is here (it was copied as finished, in
+    doubt, and the decision never came)."""
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default", host="laptop")
+    old, new = b"old\n", b"new\n"
+    blobs = {blob_hash(old): old, blob_hash(new): new}
+    opened = record("openDiff", {"new_file_path": "/src/a.py", "tab_name": "t"}, caller=me)
+    proposed = DiffProposed(
+        path="/src/a.py", tab_name="t", old_path="/src/a.py", proposed_blob=blob_hash(new), shown_blob=blob_hash(old)
+    )
+    accepted = DiffAccepted(
+        path="/src/a.py",
+        tab_name="t",
+        written_blob=blob_hash(new),
+        bytes_written=len(new),
+        replaced_blob=blob_hash(old),
+        user_edited=False,
+    )
+
+    async def propose() -> int:
+        command_id = await writer.begin(opened, blobs)
+        await writer.append(command_id, [proposed], blobs)
+        return command_id
+
+    command_id = anyio.run(propose)
+    first = cli("journal", "copy", str(local), team.url("alice"))
+    assert first.returncode == 0 and "copied 1 commands (1 events, 0 observations)" in first.stdout, first.stderr
+    command = "SELECT status, finished_at IS NULL FROM commands"
+    assert admin_rows(team, command) == [("in_doubt", True)]  # under way, as it was
+    anyio.run(lambda: writer.finish(opened, command_id, "ok", events=[accepted], blobs=blobs))
+    writer.close()
+    again = cli("journal", "copy", str(local), team.url("alice"))
+    assert again.returncode == 0, again.stderr
+    assert "copied 0 commands (1 events, 0 observations)" in again.stdout
+    assert "1 were there already, 1 of them brought up to date" in again.stdout
+    assert admin_rows(team, command) == [("ok", False)]
+    events = "SELECT type, recorded_at FROM events ORDER BY position"
+    reader = SqliteReader(local)
+    [entry] = list(reader.audit(AuditQuery()))
+    reader.close()
+    local_events = [(event.type, event.recorded_at) for event in entry.events]
+    assert [(kind, iso) for kind, iso in admin_rows(team, events)] == local_events  # each at its own time
+    history = cli("history", "/src/a.py", "--journal", team.url("alice"), "--host", "laptop")
+    assert history.returncode == 0 and "diff accepted" in history.stdout, history.stderr
+    third = cli("journal", "copy", str(local), team.url("alice"))
+    assert "copied 0 commands (0 events, 0 observations)" in third.stdout
+    assert "1 were there already\n" in third.stdout
 
 
 def test_a_copy_stopped_part_way_says_what_it_copied_and_exits_1(team: Team, tmp_path: Path) -> None:

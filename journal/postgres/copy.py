@@ -1,11 +1,13 @@
 """`toolbus journal copy`: a local journal's memory and file history brought into a team journal.
 
-Every command that left events is copied with its events (under their own event ids) and the
-texts they name. The command's key is derived from its first event's id, so a second copy
-finds every row already there and adds nothing. A registered agent copies in its own name
-(row-level security allows no other); the admin's copy keeps each command's recorded caller.
-A position is a journal's own: a command or event that names another event by its position
-(a restore, a replayed step) names it by its place in the team journal once copied.
+Every command that left events is copied with its events (under their own event ids, each at
+the time it was recorded) and the texts they name. The command's key is derived from its first
+event's id, so a second copy finds every row already there and adds only what a command gained
+since: an openDiff the user decided after the first copy, a command settled after its process
+died. A command under way is copied unfinished, as it is. A registered agent copies in its own
+name (row-level security allows no other); the admin's copy keeps each command's recorded
+caller. A position is a journal's own: a command or event that names another event by its
+position (a restore, a replayed step) names it by its place in the team journal once copied.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
+from typing import NamedTuple
 
 import msgspec
 
@@ -37,7 +40,15 @@ from toolbus.bus import (
     decode_event,
 )
 from toolbus.bus.moments import epoch_ns, parse_iso
-from toolbus.journal.postgres.store import AlreadyRecorded, Connection, PostgresJournal, insert_outcome
+from toolbus.journal.postgres.store import (
+    AlreadyRecorded,
+    Connection,
+    PostgresJournal,
+    append_events,
+    finish_command,
+    insert_blobs,
+    insert_command,
+)
 from toolbus.journal.rows import Outcome
 
 COMMANDS_PER_BATCH = 500  # commands per transaction
@@ -53,6 +64,7 @@ class Copied:
     events: int
     observations: int
     already: int  # commands a previous copy brought
+    updated: int  # of those, the ones with events or an outcome recorded since, copied now
     made_private: int  # department notes of another department, copied as the login's private ones
 
 
@@ -62,31 +74,34 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     entries.reverse()
     as_login = None if target.department is None else Caller(agent=target.agent, department=target.department)
     event_ids = {stored.position: stored.event_id for entry in entries for stored in entry.events}
-    commands = events = observations = already = made_private = 0
+    commands = events = observations = already = updated = made_private = 0
     pending = iter(entries)
     while batch := list(islice(pending, COMMANDS_PER_BATCH)):
         try:
             prepared = [_prepared(source, entry, as_login, event_ids) for entry in batch]
             results = target.run_sync(partial(_copy_batch, prepared=prepared))
         except (ToolbusError, ValueError) as error:
-            if not commands:
+            if not commands + updated:
                 raise
+            also = f", {updated} brought up to date" if updated else ""
             raise Unfinished(
-                f"{error} ({commands} commands were copied before it, and stay: copy again to go on, "
-                "it copies nothing twice)"
+                f"{error} ({commands} commands were copied before it{also}, and stay: "
+                "copy again to go on, it copies nothing twice)"
             ) from error
-        for entry, (fresh, outcome) in zip(batch, results, strict=True):
-            if not fresh:
+        for entry, command, result in zip(batch, prepared, results, strict=True):
+            if result.fresh:
+                commands += 1
+            else:
                 already += 1
-                continue
-            commands += 1
-            events += len(outcome.events)
-            observations += sum(isinstance(event, ObservationSaved) for event in outcome.events)
+                updated += result.updated
+            added = [(command.outcome.events[index], entry.events[index]) for index in result.added]
+            events += len(added)
+            observations += sum(isinstance(event, ObservationSaved) for event, _ in added)
             made_private += sum(
                 isinstance(event, ObservationSaved) and event.visibility != stored.data["visibility"]
-                for event, stored in zip(outcome.events, entry.events, strict=True)
+                for event, stored in added
             )
-    return Copied(commands, events, observations, already, made_private)
+    return Copied(commands, events, observations, already, updated, made_private)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +109,8 @@ class _Prepared:
     outcome: Outcome
     key: uuid.UUID
     event_ids: list[str]
-    finished_ns: int
+    recorded_at: list[str]  # each event's time
+    finished_ns: int | None  # None: still under way, or its process died before an outcome
     pid: int | None
     named: dict[int, str]  # the local positions its arguments and events name, and their events' ids
 
@@ -126,7 +142,7 @@ def _prepared(
         tool=entry.tool, arguments=entry.arguments, caller=caller, received_ns=epoch_ns(parse_iso(entry.received_at).at)
     )
     status: Status = entry.status  # type: ignore[assignment]
-    finished_ns = epoch_ns(parse_iso(entry.finished_at).at) if entry.finished_at else record.received_ns
+    finished_ns = epoch_ns(parse_iso(entry.finished_at).at) if entry.finished_at else None
     key = uuid.uuid5(_COPY_KEYS, entry.events[0].event_id)
     named: dict[int, str] = {}
     for position in _named_positions(entry.tool, entry.arguments, events):
@@ -134,7 +150,15 @@ def _prepared(
             raise ValueError(f"the {entry.tool} command {entry.id} names event {position}, which the journal lacks")
         named[position] = event_id
     outcome = Outcome(record, status, entry.error, events, blobs)
-    return _Prepared(outcome, key, [e.event_id for e in entry.events], finished_ns, entry.pid, named)
+    return _Prepared(
+        outcome,
+        key,
+        [stored.event_id for stored in entry.events],
+        [stored.recorded_at for stored in entry.events],
+        finished_ns,
+        entry.pid,
+        named,
+    )
 
 
 def _named_positions(tool: str, arguments: object, events: list[Event]) -> set[int]:
@@ -198,22 +222,63 @@ def _in_name_of(event: Event, as_login: Caller | None) -> Event:
     return msgspec.structs.replace(event, agent=as_login.agent, department=as_login.department, visibility=visibility)
 
 
-def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[tuple[bool, Outcome]]:
-    """Each command of the batch, and whether it was copied now (False: an earlier copy did,
-    this login's or another's)."""
+class _Result(NamedTuple):
+    fresh: bool  # the command was copied now (False: an earlier copy did, this login's or another's)
+    updated: bool  # an earlier copy's, given the events or outcome it gained since
+    added: list[int]  # the indexes of the events copied now
+
+
+def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[_Result]:
+    """Each command of the batch, copied or brought up to date."""
     with conn.transaction():
-        results: list[tuple[bool, Outcome]] = []
+        results: list[_Result] = []
         for command in prepared:
-            exists = conn.execute("SELECT 1 FROM commands WHERE request_key = %s", (command.key,)).fetchone()
-            copied = exists is None
-            if copied:
-                outcome = _renumbered(conn, command)
-                try:
-                    with conn.transaction():  # a savepoint: a row only another login sees undoes this one alone
-                        insert_outcome(
-                            conn, outcome, None, command.key, command.event_ids, command.finished_ns, pid=command.pid
-                        )
-                except AlreadyRecorded:
-                    copied = False
-            results.append((copied, command.outcome))
+            found = conn.execute(
+                "SELECT id, finished_at IS NULL FROM commands WHERE request_key = %s", (command.key,)
+            ).fetchone()
+            try:
+                with conn.transaction():  # a savepoint: a row only another login sees undoes this one alone
+                    if found is None:
+                        results.append(_copied(conn, command))
+                    else:
+                        results.append(_brought_up_to_date(conn, command, int(found[0]), unfinished=found[1]))
+            except AlreadyRecorded:
+                results.append(_Result(fresh=False, updated=False, added=[]))
     return results
+
+
+def _copied(conn: Connection, command: _Prepared) -> _Result:
+    outcome = _renumbered(conn, command)
+    record = outcome.record
+    command_id = insert_command(
+        conn, command.key, record, outcome.status, outcome.error, command.finished_ns, pid=command.pid
+    )
+    everything = list(range(len(outcome.events)))
+    _add_events(conn, command_id, command, outcome, everything)
+    return _Result(fresh=True, updated=False, added=everything)
+
+
+def _brought_up_to_date(conn: Connection, command: _Prepared, command_id: int, *, unfinished: bool) -> _Result:
+    """Add the events the team journal lacks of a command an earlier copy brought; finish it if
+    it has finished here since (a finished command is history: never rewritten)."""
+    present = conn.execute("SELECT event_id FROM events WHERE event_id = ANY(%s)", (command.event_ids,)).fetchall()
+    known = {row[0] for row in present}
+    missing = [index for index, event_id in enumerate(command.event_ids) if event_id not in known]
+    finishes = unfinished and command.finished_ns is not None
+    if not missing and not finishes:
+        return _Result(fresh=False, updated=False, added=[])
+    outcome = _renumbered(conn, command)
+    _add_events(conn, command_id, command, outcome, missing)
+    if finishes and command.finished_ns is not None:
+        finish_command(conn, command_id, outcome, command.finished_ns)
+    return _Result(fresh=False, updated=True, added=missing)
+
+
+def _add_events(conn: Connection, command_id: int, command: _Prepared, outcome: Outcome, indexes: list[int]) -> None:
+    """The command's events at `indexes`, each at the time it was recorded, with the texts they name."""
+    insert_blobs(conn, outcome.blobs or {})
+    caller = outcome.record.caller
+    for index in indexes:
+        event_id, event = command.event_ids[index], outcome.events[index]
+        recorded_at = command.recorded_at[index]
+        append_events(conn, command_id, caller.agent, caller.department, [event], [event_id], recorded_at)

@@ -392,8 +392,8 @@ class PostgresJournal:
         def work(conn: Connection) -> int:
             with conn.transaction():
                 if keep:
-                    _insert_blobs(conn, keep)
-                return _insert_command(
+                    insert_blobs(conn, keep)
+                return insert_command(
                     conn, key, record, "in_doubt", None, None, pending_events, keeps_pending=keeps_pending
                 )
 
@@ -435,13 +435,13 @@ class PostgresJournal:
 
         def work(conn: Connection) -> list[Appended[Event]]:
             with conn.transaction():
-                _insert_blobs(conn, blobs)
+                insert_blobs(conn, blobs)
                 # The events are the command's: in its agent's name.
                 owner = conn.execute("SELECT agent, department FROM commands WHERE id = %s", (command_id,)).fetchone()
                 if owner is None:
                     raise JournalUnavailable(f"no command {command_id} in the team journal to append to")
                 timed = _timed(conn, events) if self._times(conn, events) else events
-                return _append(conn, command_id, owner[0], owner[1], timed, ids, recorded_at)
+                return append_events(conn, command_id, owner[0], owner[1], timed, ids, recorded_at)
 
         return cast(list[Appended[E]], await self.run(work))
 
@@ -450,7 +450,7 @@ class PostgresJournal:
     ) -> None:
         def work(conn: Connection) -> None:
             with conn.transaction():
-                _insert_blobs(conn, blobs)
+                insert_blobs(conn, blobs)
                 if command_id is not None and self._keeps_pending:
                     conn.execute("UPDATE commands SET pending = %s WHERE id = %s", (pending_text(pending), command_id))
 
@@ -546,35 +546,40 @@ def insert_outcome(
     *,
     keeps_pending: bool = False,
     times_observations: bool = False,
-    pid: int | None = None,
 ) -> list[Appended[Event]]:
     """The command's final row, its blobs, its events and their projections (in a transaction);
     the events as appended.
     `keeps_pending`: the journal has `commands.pending`, which a command's outcome clears.
     `times_observations`: a call's outcome as it happens, on a journal with
     `latest_observation_time()`: an observation is timed after the journal's latest
-    (`JournalWriter.finish`); a copy's keep their times.
-    `pid`: the process that ran it, if not this one (a copied command's)."""
+    (`JournalWriter.finish`); otherwise they keep their times."""
     record, finished_at = outcome.record, iso_time(finished_ns)
     if command_id is None:
-        command_id = _insert_command(conn, key, record, outcome.status, outcome.error, finished_ns, pid=pid)
+        command_id = insert_command(conn, key, record, outcome.status, outcome.error, finished_ns)
     else:
-        conn.execute(
-            _FINISH_CLEARING_PENDING if keeps_pending else _FINISH,
-            (
-                outcome.status,
-                outcome.error and without_nul(outcome.error),
-                finished_at,
-                (finished_ns - record.received_ns) / 1e6,
-                command_id,
-            ),
-        )
+        finish_command(conn, command_id, outcome, finished_ns, keeps_pending=keeps_pending)
     if outcome.blobs:
-        _insert_blobs(conn, outcome.blobs)
+        insert_blobs(conn, outcome.blobs)
     # Timed last: it takes the append lock, which every other save then waits for until commit.
     events = _timed(conn, outcome.events) if times_observations else outcome.events
     caller = record.caller
-    return _append(conn, command_id, caller.agent, caller.department, events, ids, finished_at)
+    return append_events(conn, command_id, caller.agent, caller.department, events, ids, finished_at)
+
+
+def finish_command(
+    conn: Connection, command_id: int, outcome: Outcome, finished_ns: int, *, keeps_pending: bool = False
+) -> None:
+    """Give a command begun before its outcome: status, error, end and duration."""
+    conn.execute(
+        _FINISH_CLEARING_PENDING if keeps_pending else _FINISH,
+        (
+            outcome.status,
+            outcome.error and without_nul(outcome.error),
+            iso_time(finished_ns),
+            (finished_ns - outcome.record.received_ns) / 1e6,
+            command_id,
+        ),
+    )
 
 
 _FINISHED = "status = %s, error = %s, finished_at = %s, duration_ms = %s"
@@ -603,7 +608,7 @@ def _settle(conn: Connection, gone: Sequence[Abandoned]) -> int:
         ).fetchone()
         if claimed is not None:  # not settled meanwhile by another toolbus starting
             ids, recorded_at = event_ids(len(events)), iso_time(time.time_ns())
-            _append(conn, command_id, claimed[0], claimed[1], events, ids, recorded_at)
+            append_events(conn, command_id, claimed[0], claimed[1], events, ids, recorded_at)
             settled += 1
     return settled
 
@@ -617,7 +622,7 @@ _INSERT_COMMAND = f"INSERT INTO commands ({_COMMAND_COLUMNS}) VALUES ({', '.join
 _INSERT_BEGUN = f"INSERT INTO commands ({_COMMAND_COLUMNS}, pending) VALUES ({', '.join(['%s'] * 16)}){_NEW}"
 
 
-def _insert_command(
+def insert_command(
     conn: Connection,
     key: uuid.UUID,
     record: CommandRecord,
@@ -641,7 +646,7 @@ def _insert_command(
     return int(inserted[0])
 
 
-def _insert_blobs(conn: Connection, blobs: Mapping[str, bytes]) -> None:
+def insert_blobs(conn: Connection, blobs: Mapping[str, bytes]) -> None:
     if blobs:
         conn.cursor().executemany(
             "INSERT INTO blobs (hash, agent, size, content) VALUES (%s, current_user, %s, %s) ON CONFLICT DO NOTHING",
@@ -655,7 +660,7 @@ _INSERT_EVENT = (
 )
 
 
-def _append(
+def append_events(
     conn: Connection,
     command_id: int | None,
     agent: str,
