@@ -28,6 +28,8 @@ from toolbus.handlers.ports import MemoryStore
 
 OBSERVATION_TYPES: tuple[str, ...] = typing.get_args(ObservationType)
 _EPOCH_MS = re.compile(r"-?\d+", re.ASCII)  # never "１７００" (fullwidth) or other scripts' digits
+# Eight digits are a date in ISO's basic form (20260101), not a moment in 1970's first hours.
+_BASIC_DATE = re.compile(r"\d{8}", re.ASCII)
 _DATE_FORMS = f"{ISO_FORMS} or epoch milliseconds"
 
 
@@ -144,7 +146,7 @@ def date_ms(tool: str, field: str, value: str | int | None, *, end_of_day: bool)
     if value is None or isinstance(value, int):
         return value
     text = value.strip()
-    if _EPOCH_MS.fullmatch(text):
+    if _EPOCH_MS.fullmatch(text) and not _BASIC_DATE.fullmatch(text):
         return _epoch_ms_in_range(tool, field, int(text))
     try:
         moment = parse_iso(text)

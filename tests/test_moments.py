@@ -13,6 +13,7 @@ from toolbus.handlers.memory import date_ms
 
 FORMS = [
     "2025-01-31",
+    "20250131",  # ISO's basic form: a date, not epoch ms
     "2025-W05-5",
     "2025-01-31T09:30:00Z",
     "2025-01-31T09:30",
@@ -34,6 +35,15 @@ def test_neither_accepts_what_the_other_refuses(text: str) -> None:
         parse_time("--since", text)
     with pytest.raises(InvalidArguments, match="expected an ISO date"):
         date_ms("search", "dateStart", text, end_of_day=False)
+
+
+def test_eight_digits_are_a_whole_day_as_a_bound() -> None:
+    """ "20990101" was read as 20,990,101 ms after the epoch: a note of 1970 was after it."""
+    for end_of_day in (False, True):
+        assert date_ms("search", "dateEnd", "20990101", end_of_day=end_of_day) == date_ms(
+            "search", "dateEnd", "2099-01-01", end_of_day=end_of_day
+        )
+    assert date_ms("search", "dateStart", "209901011", end_of_day=False) == 209_901_011  # nine: epoch ms
 
 
 def test_a_time_ago_is_only_for_people_at_the_command_line() -> None:
