@@ -134,6 +134,11 @@ def run_copy(args: argparse.Namespace, settings: Settings) -> int:
         f"copied {copied.commands} commands ({copied.events} events, {copied.observations} observations) "
         f"from {source_path} to {shown(url)}; {copied.already} were there already{since if copied.updated else ''}"
     )
+    if copied.stale:
+        print(
+            f"{copied.stale} command(s) an earlier copy recorded as finished in doubt have an outcome here since: "
+            "the team journal keeps them as they were (a finished command is never rewritten), their events added"
+        )
     if copied.made_private:
         print(
             f"{copied.made_private} observation(s) for another department alone were copied as private: "

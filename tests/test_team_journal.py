@@ -407,6 +407,85 @@ def test_a_second_copy_brings_what_a_command_gained_since(team: Team, tmp_path: 
     assert "1 were there already\n" in third.stdout
 
 
+# A toolbus killed while the user decided on its openDiff, after the proposal was recorded.
+_PROPOSE_AND_DIE = """
+import anyio, os, sys
+from pathlib import Path
+from toolbus.bus import Caller, CommandRecord, DiffAcceptInDoubt, DiffProposed, FileWriteInDoubt, blob_hash
+from toolbus.journal.sqlite import SqliteJournal
+
+async def work() -> None:
+    writer = SqliteJournal(Path(sys.argv[1]))
+    caller = Caller(agent="legacy", department="default", host="laptop")
+    opened = CommandRecord(tool="openDiff", arguments={"tab_name": "b"}, caller=caller, received_ns=1)
+    command_id = await writer.begin(opened, durable=False)
+    new = blob_hash(b"new\\n")
+    proposed = DiffProposed(path="/src/b.py", tab_name="b", old_path="/src/b.py", proposed_blob=new, shown_blob=new)
+    await writer.append(command_id, [proposed], {new: b"new\\n"})
+    doubt = [
+        FileWriteInDoubt(path="/src/b.py", replaced_blob=None),
+        DiffAcceptInDoubt(path="/src/b.py", tab_name="b", final_blob=new),
+    ]
+    await writer.keep_blobs({}, command_id=command_id, pending=doubt)
+
+anyio.run(work)
+os._exit(0)
+"""
+
+
+def test_the_admins_copy_brings_an_agents_commands_up_to_date_in_the_agents_name(team: Team, tmp_path: Path) -> None:
+    """A command settled after its process died gains its events and why it has no outcome; one an
+    earlier copy recorded as finished in doubt gains its events, keeps its row, and the copy says
+    so. The admin's copy adds them in the name of the agent whose command they are."""
+    local = tmp_path / "journal.db"
+    died = subprocess.run([sys.executable, "-c", _PROPOSE_AND_DIE, str(local)], capture_output=True, text=True)
+    assert died.returncode == 0, died.stderr
+    writer = SqliteJournal(local)
+    me = Caller(agent="legacy", department="default", host="laptop")
+    new = b"new\n"
+    opened = record("openDiff", {"tab_name": "c"}, caller=me)
+    proposed = DiffProposed(
+        path="/src/c.py", tab_name="c", old_path="/src/c.py", proposed_blob=blob_hash(new), shown_blob=blob_hash(new)
+    )
+    command_id = anyio.run(lambda: writer.begin(opened))
+    anyio.run(lambda: writer.append(command_id, [proposed], {blob_hash(new): new}))
+    assert "copied 2 commands (2 events" in cli("journal", "copy", str(local), team.url("alice")).stdout
+    assert anyio.run(writer.settle_abandoned, "laptop") == 1
+    accepted = DiffAccepted(
+        path="/src/c.py",
+        tab_name="c",
+        written_blob=blob_hash(new),
+        bytes_written=4,
+        replaced_blob=None,
+        user_edited=False,
+    )
+    anyio.run(lambda: writer.finish(opened, command_id, "ok", events=[accepted]))
+    writer.close()
+    with psycopg.connect(team.admin_url, options="-c search_path=toolbus", autocommit=True) as conn:
+        # as a copy before toolbus copied commands under way as such did
+        conn.execute("UPDATE commands SET finished_at = received_at, duration_ms = 0 WHERE arguments LIKE '%%\"c\"%%'")
+    copied = cli("journal", "copy", str(local), team.admin_url)
+    assert copied.returncode == 0, copied.stderr
+    assert "copied 0 commands (3 events, 0 observations)" in copied.stdout
+    assert "2 were there already, 2 of them brought up to date" in copied.stdout
+    assert "1 command(s) an earlier copy recorded as finished in doubt have an outcome here since" in copied.stdout
+    rows = admin_rows(
+        team,
+        "SELECT c.arguments::jsonb->>'tab_name', c.status, c.error LIKE 'the toolbus process %%', e.type, e.agent"
+        " FROM events AS e JOIN commands AS c ON c.id = e.command_id ORDER BY e.position",
+    )
+    alice = team.roles["alice"]
+    assert rows == [
+        ("b", "in_doubt", True, "DiffProposed", alice),
+        ("c", "in_doubt", None, "DiffProposed", alice),
+        ("b", "in_doubt", True, "FileWriteInDoubt", alice),
+        ("b", "in_doubt", True, "DiffAcceptInDoubt", alice),
+        ("c", "in_doubt", None, "DiffAccepted", alice),
+    ]
+    again = cli("journal", "copy", str(local), team.url("alice"))
+    assert "copied 0 commands (0 events, 0 observations)" in again.stdout and "up to date" not in again.stdout
+
+
 def test_a_copy_stopped_part_way_says_what_it_copied_and_exits_1(team: Team, tmp_path: Path) -> None:
     local = tmp_path / "journal.db"
     writer = SqliteJournal(local)

@@ -49,7 +49,7 @@ from toolbus.journal.postgres.store import (
     insert_blobs,
     insert_command,
 )
-from toolbus.journal.rows import Outcome
+from toolbus.journal.rows import Outcome, without_nul
 
 COMMANDS_PER_BATCH = 500  # commands per transaction
 _COPY_KEYS = uuid.UUID("5b1f6c2e-7d0a-4c59-9a55-3f1f0b6a1c00")  # namespace of copied commands' keys
@@ -64,7 +64,8 @@ class Copied:
     events: int
     observations: int
     already: int  # commands a previous copy brought
-    updated: int  # of those, the ones with events or an outcome recorded since, copied now
+    updated: int  # of those, the ones with events, an error or an outcome recorded since, copied now
+    stale: int  # of those, the ones an earlier toolbus's copy finished otherwise (in doubt): kept so
     made_private: int  # department notes of another department, copied as the login's private ones
 
 
@@ -74,7 +75,7 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
     entries.reverse()
     as_login = None if target.department is None else Caller(agent=target.agent, department=target.department)
     event_ids = {stored.position: stored.event_id for entry in entries for stored in entry.events}
-    commands = events = observations = already = updated = made_private = 0
+    commands = events = observations = already = updated = stale = made_private = 0
     pending = iter(entries)
     while batch := list(islice(pending, COMMANDS_PER_BATCH)):
         try:
@@ -88,20 +89,20 @@ def copy_journal(source: JournalReader, target: PostgresJournal) -> Copied:
                 f"{error} ({commands} commands were copied before it{also}, and stay: "
                 "copy again to go on, it copies nothing twice)"
             ) from error
-        for entry, command, result in zip(batch, prepared, results, strict=True):
+        for entry, result in zip(batch, results, strict=True):
             if result.fresh:
                 commands += 1
             else:
                 already += 1
                 updated += result.updated
-            added = [(command.outcome.events[index], entry.events[index]) for index in result.added]
-            events += len(added)
-            observations += sum(isinstance(event, ObservationSaved) for event, _ in added)
+                stale += result.stale
+            events += len(result.added)
+            observations += sum(isinstance(event, ObservationSaved) for _, event in result.added)
             made_private += sum(
-                isinstance(event, ObservationSaved) and event.visibility != stored.data["visibility"]
-                for event, stored in added
+                isinstance(event, ObservationSaved) and event.visibility != entry.events[index].data["visibility"]
+                for index, event in result.added
             )
-    return Copied(commands, events, observations, already, updated, made_private)
+    return Copied(commands, events, observations, already, updated, stale, made_private)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +225,22 @@ def _in_name_of(event: Event, as_login: Caller | None) -> Event:
 
 class _Result(NamedTuple):
     fresh: bool  # the command was copied now (False: an earlier copy did, this login's or another's)
-    updated: bool  # an earlier copy's, given the events or outcome it gained since
-    added: list[int]  # the indexes of the events copied now
+    updated: bool  # an earlier copy's, given the events, error or outcome it gained since
+    stale: bool  # an earlier copy's, finished there otherwise than here (kept: history is not rewritten)
+    added: list[tuple[int, Event]]  # the events copied now, by index, as copied
+
+
+_ALREADY = _Result(fresh=False, updated=False, stale=False, added=[])
+
+
+class _Found(NamedTuple):
+    """The team journal's row of a command an earlier copy brought."""
+
+    id: int
+    owner: Caller  # its agent and department: its events are in their name
+    status: str
+    finished: bool
+    error: str | None
 
 
 def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[_Result]:
@@ -233,17 +248,20 @@ def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[_Result]:
     with conn.transaction():
         results: list[_Result] = []
         for command in prepared:
-            found = conn.execute(
-                "SELECT id, finished_at IS NULL FROM commands WHERE request_key = %s", (command.key,)
+            row = conn.execute(
+                "SELECT id, agent, department, status, finished_at IS NOT NULL, error FROM commands"
+                " WHERE request_key = %s",
+                (command.key,),
             ).fetchone()
             try:
                 with conn.transaction():  # a savepoint: a row only another login sees undoes this one alone
-                    if found is None:
+                    if row is None:
                         results.append(_copied(conn, command))
                     else:
-                        results.append(_brought_up_to_date(conn, command, int(found[0]), unfinished=found[1]))
+                        found = _Found(int(row[0]), Caller(agent=row[1], department=row[2]), row[3], row[4], row[5])
+                        results.append(_brought_up_to_date(conn, command, found))
             except AlreadyRecorded:
-                results.append(_Result(fresh=False, updated=False, added=[]))
+                results.append(_ALREADY)
     return results
 
 
@@ -253,32 +271,39 @@ def _copied(conn: Connection, command: _Prepared) -> _Result:
     command_id = insert_command(
         conn, command.key, record, outcome.status, outcome.error, command.finished_ns, pid=command.pid
     )
-    everything = list(range(len(outcome.events)))
-    _add_events(conn, command_id, command, outcome, everything)
-    return _Result(fresh=True, updated=False, added=everything)
+    added = list(enumerate(outcome.events))
+    _add_events(conn, command_id, command, added, record.caller)
+    return _Result(fresh=True, updated=False, stale=False, added=added)
 
 
-def _brought_up_to_date(conn: Connection, command: _Prepared, command_id: int, *, unfinished: bool) -> _Result:
-    """Add the events the team journal lacks of a command an earlier copy brought; finish it if
-    it has finished here since (a finished command is history: never rewritten)."""
+def _brought_up_to_date(conn: Connection, command: _Prepared, found: _Found) -> _Result:
+    """Add the events the team journal lacks of a command an earlier copy brought, in its owner's
+    name; give it the error or outcome it gained since if it is unfinished there (a finished
+    command is history: never rewritten)."""
     present = conn.execute("SELECT event_id FROM events WHERE event_id = ANY(%s)", (command.event_ids,)).fetchall()
     known = {row[0] for row in present}
     missing = [index for index, event_id in enumerate(command.event_ids) if event_id not in known]
-    finishes = unfinished and command.finished_ns is not None
-    if not missing and not finishes:
-        return _Result(fresh=False, updated=False, added=[])
+    outcome = command.outcome
+    finished_ns = None if found.finished else command.finished_ns
+    error = outcome.error if not found.finished and found.error is None else None
+    stale = found.finished and found.status != outcome.status
+    if not missing and finished_ns is None and error is None:
+        return _Result(fresh=False, updated=False, stale=stale, added=[])
     outcome = _renumbered(conn, command)
-    _add_events(conn, command_id, command, outcome, missing)
-    if finishes and command.finished_ns is not None:
-        finish_command(conn, command_id, outcome, command.finished_ns)
-    return _Result(fresh=False, updated=True, added=missing)
+    added = [(index, _in_name_of(outcome.events[index], found.owner)) for index in missing]
+    _add_events(conn, found.id, command, added, found.owner)
+    if finished_ns is not None:
+        finish_command(conn, found.id, outcome.status, outcome.error, outcome.record.received_ns, finished_ns)
+    elif error is not None:  # settled after its process died: why it has no outcome
+        conn.execute("UPDATE commands SET error = %s WHERE id = %s", (without_nul(error), found.id))
+    return _Result(fresh=False, updated=True, stale=stale, added=added)
 
 
-def _add_events(conn: Connection, command_id: int, command: _Prepared, outcome: Outcome, indexes: list[int]) -> None:
-    """The command's events at `indexes`, each at the time it was recorded, with the texts they name."""
-    insert_blobs(conn, outcome.blobs or {})
-    caller = outcome.record.caller
-    for index in indexes:
-        event_id, event = command.event_ids[index], outcome.events[index]
-        recorded_at = command.recorded_at[index]
-        append_events(conn, command_id, caller.agent, caller.department, [event], [event_id], recorded_at)
+def _add_events(
+    conn: Connection, command_id: int, command: _Prepared, events: list[tuple[int, Event]], owner: Caller
+) -> None:
+    """The command's events (by index), each at the time it was recorded, with the texts they name."""
+    insert_blobs(conn, command.outcome.blobs or {})
+    for index, event in events:
+        event_id, recorded_at = command.event_ids[index], command.recorded_at[index]
+        append_events(conn, command_id, owner.agent, owner.department, [event], [event_id], recorded_at)

@@ -557,7 +557,8 @@ def insert_outcome(
     if command_id is None:
         command_id = insert_command(conn, key, record, outcome.status, outcome.error, finished_ns)
     else:
-        finish_command(conn, command_id, outcome, finished_ns, keeps_pending=keeps_pending)
+        status, error = outcome.status, outcome.error
+        finish_command(conn, command_id, status, error, record.received_ns, finished_ns, keeps_pending=keeps_pending)
     if outcome.blobs:
         insert_blobs(conn, outcome.blobs)
     # Timed last: it takes the append lock, which every other save then waits for until commit.
@@ -567,18 +568,19 @@ def insert_outcome(
 
 
 def finish_command(
-    conn: Connection, command_id: int, outcome: Outcome, finished_ns: int, *, keeps_pending: bool = False
+    conn: Connection,
+    command_id: int,
+    status: Status,
+    error: str | None,
+    received_ns: int,
+    finished_ns: int,
+    *,
+    keeps_pending: bool = False,
 ) -> None:
     """Give a command begun before its outcome: status, error, end and duration."""
     conn.execute(
         _FINISH_CLEARING_PENDING if keeps_pending else _FINISH,
-        (
-            outcome.status,
-            outcome.error and without_nul(outcome.error),
-            iso_time(finished_ns),
-            (finished_ns - outcome.record.received_ns) / 1e6,
-            command_id,
-        ),
+        (status, error and without_nul(error), iso_time(finished_ns), (finished_ns - received_ns) / 1e6, command_id),
     )
 
 
