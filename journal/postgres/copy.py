@@ -65,7 +65,7 @@ class Copied:
     observations: int
     already: int  # commands a previous copy brought
     updated: int  # of those, the ones with events, an error or an outcome recorded since, copied now
-    stale: int  # of those, the ones an earlier toolbus's copy finished otherwise (in doubt): kept so
+    stale: int  # of those, the ones an older copy finished in doubt that have an outcome here: kept as they were
     made_private: int  # department notes of another department, copied as the login's private ones
 
 
