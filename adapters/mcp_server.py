@@ -224,3 +224,5 @@ async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
             write = arrivals.answers(write_stream)
             read = answerer.read(read_stream, write)
             await server.run(read, write, server.create_initialization_options())
+            if streams is not None:  # serving is over: what is left to write waits on the client no more
+                streams[1].release()

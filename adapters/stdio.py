@@ -101,13 +101,15 @@ class LineWriter(asyncio.Protocol):
         self._drained.set()
         self._closed = asyncio.Event()
         self._lost: BaseException | None = None
+        self._released = False  # serving is over: flushes no longer wait for the client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
         self._transport = transport
 
     def pause_writing(self) -> None:
-        self._drained.clear()
+        if not self._released:
+            self._drained.clear()
 
     def resume_writing(self) -> None:
         self._drained.set()
@@ -125,6 +127,13 @@ class LineWriter(asyncio.Protocol):
     async def flush(self) -> None:
         await self._drained.wait()  # an Event: a cancelled flush leaves it intact for the next
         self._check()
+
+    def release(self) -> None:
+        """Serving is over and every answer is written: a flush (the SDK's writer waiting on a
+        client that does not read) returns at once, so that closing can begin. The bytes stay
+        with the transport, which closing gives the client a bounded time to take."""
+        self._released = True
+        self._drained.set()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()

@@ -399,3 +399,42 @@ def test_requests_sent_before_stdin_closes_are_all_answered(tmp_path: Path) -> N
     with contextlib.closing(sqlite3.connect(journal)) as db:
         rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
     assert sorted(rows) == [("getOpenEditors", "failed"), ("save", "ok")]
+
+
+def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path) -> None:
+    """The last answer is larger than the pipe holds and nobody reads it: toolbus gives the
+    client a bounded time to take it, says so, and exits; what it did stays journaled."""
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "save", "arguments": {"title": "big", "text": "x" * 300_000}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "get_observations", "arguments": {"ids": [1]}},
+        },
+    ]
+    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    with errors.open("wb") as stderr:
+        server = subprocess.Popen(
+            toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock")),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=clean_env(),
+        )
+    assert server.stdin is not None and server.stdout is not None
+    with server.stdout:
+        server.stdin.write(b"".join(json.dumps(request).encode() + b"\n" for request in requests))
+        server.stdin.close()
+        assert server.wait(timeout=60) == 0
+    assert "the client did not read the last" in errors.read_text()
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
+    assert rows == [("save", "ok"), ("get_observations", "ok")]
