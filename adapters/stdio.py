@@ -19,12 +19,17 @@ import contextlib
 import io
 import logging
 import os
+import select
 import stat
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 import anyio
 
 log = logging.getLogger("toolbus.stdio")
+
+_Delivered = TypeVar("_Delivered")
 
 # Complete lines held before reading pauses: the server takes one message at a time.
 MAX_PENDING_LINES = 64
@@ -216,19 +221,80 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter] | No
 
 
 @contextlib.contextmanager
-def threaded_stdin() -> Iterator[anyio.AsyncFile[str]]:
-    """stdin's lines read by a worker thread, as the SDK reads them, for when it is not a pipe.
-    Claimed as the SDK would claim it (fd 0 reads the null device meanwhile), but read here so
-    that every line passes through toolbus on its way to the SDK. Split at `\\n` only, as
-    `LineReader` splits."""
+def threaded_stdin() -> Iterator[LineReader]:
+    """stdin's lines read by a thread of its own, for when it is not a pipe (a terminal, a
+    socket, a file). Claimed as the SDK would claim it (fd 0 reads the null device meanwhile),
+    but read here so that every line passes through toolbus on its way to the SDK."""
     wire = _Wire(0)
-    # Not closed on the way out: a worker thread may still be blocked reading it (a terminal
-    # at a signal), and a closed descriptor could be recycled under it. One per process.
-    text = io.TextIOWrapper(io.BufferedReader(wire.stream("rb")), encoding="utf-8", errors="replace", newline="\n")
+    reader = LineReader()
+    # Not closed on the way out: the thread may still be blocked reading it (a terminal, a
+    # quiet socket), and a closed descriptor could be recycled under it. One per process.
+    feed = _ThreadFeed(_private_copy(wire.private), reader, asyncio.get_running_loop())
     try:
-        yield anyio.wrap_file(text)
+        yield reader
     finally:
+        feed.close()
         wire.give_back()
+
+
+class _ThreadFeed(asyncio.ReadTransport):
+    """Blocking reads of `fd` by a daemon thread, handed to a `LineReader` on the event loop.
+    A daemon, unlike a worker thread of anyio's (whose cancelled call waits for the read to
+    return), leaves a stop signal nothing to wait for; a failed read (a terminal hung up: EIO)
+    ends the session as the end of input does."""
+
+    def __init__(self, fd: int, reader: LineReader, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._fd = fd
+        self._reader = reader
+        self._loop = loop
+        self._reading = threading.Event()  # cleared while the reader holds enough lines
+        self._reading.set()
+        self._closing = False
+        reader.connection_made(self)
+        threading.Thread(target=self._run, name="toolbus stdin", daemon=True).start()
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set()
+
+    def close(self) -> None:
+        self._closing = True
+        self._reading.set()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def _run(self) -> None:
+        failure: OSError | None = None
+        try:
+            while True:
+                self._reading.wait()
+                if self._closing or not (data := _read_blocking(self._fd)):
+                    break
+                self._hand_over(self._reader.data_received, data)
+        except OSError as error:
+            failure = error
+        self._hand_over(self._reader.connection_lost, failure)
+
+    def _hand_over(self, deliver: Callable[[_Delivered], None], what: _Delivered) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: serving is over
+            self._loop.call_soon_threadsafe(deliver, what)
+
+
+def _read_blocking(fd: int) -> bytes:
+    """The next bytes of `fd` (empty at its end), waiting for them even if the descriptor is in
+    non-blocking mode, which it shares with whoever else holds it."""
+    while True:
+        try:
+            return os.read(fd, 65536)
+        except BlockingIOError:
+            select.select([fd], [], [])
 
 
 async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -15,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any, cast
@@ -438,3 +439,67 @@ def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(
     with contextlib.closing(sqlite3.connect(journal)) as db:
         rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
     assert rows == [("save", "ok"), ("get_observations", "ok")]
+
+
+@contextlib.contextmanager
+def quiet_stdin(kind: str) -> Iterator[tuple[int, Callable[[bytes], None], Callable[[], None]]]:
+    """A stdin that is not a pipe (`socket`: as a Node agent's socketpair; `terminal`), as the
+    descriptor for the server, a way to write to it and a way to hang it up."""
+    if kind == "socket":
+        client, server_end = socket.socketpair()
+        with client, server_end:
+            yield server_end.detach(), client.sendall, client.close
+    else:
+        controller, terminal = os.openpty()
+
+        def write(data: bytes) -> None:
+            os.write(controller, data)
+
+        try:
+            yield terminal, write, lambda: os.close(controller)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(controller)
+
+
+def serve_on(tmp_path: Path, stdin: int) -> subprocess.Popen[bytes]:
+    with (tmp_path / "stderr").open("wb") as stderr:
+        server = subprocess.Popen(
+            toolbus_argv(tmp_path / "journal.db", "--nvim", str(tmp_path / "no-neovim.sock")),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=clean_env(),
+        )
+    os.close(stdin)
+    return server
+
+
+@pytest.mark.parametrize(
+    ("kind", "stop"), [("socket", signal.SIGTERM), ("terminal", signal.SIGINT)], ids=["socket", "terminal"]
+)
+def test_a_stop_signal_ends_serve_while_stdin_that_is_no_pipe_stays_open(
+    tmp_path: Path, kind: str, stop: signal.Signals
+) -> None:
+    with quiet_stdin(kind) as (stdin, write, _):
+        server = serve_on(tmp_path, stdin)
+        assert server.stdout is not None
+        write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}).encode() + b"\n")
+        assert json.loads(server.stdout.readline())["result"]["serverInfo"]["name"] == "toolbus"
+        server.send_signal(stop)
+        assert server.wait(timeout=30) == 0  # not once stdin next has a line, or closes
+        server.stdout.close()
+    assert "Traceback" not in (tmp_path / "stderr").read_text()
+
+
+def test_a_terminal_that_hangs_up_ends_the_session_as_end_of_input_does(tmp_path: Path) -> None:
+    with quiet_stdin("terminal") as (stdin, write, hang_up):
+        server = serve_on(tmp_path, stdin)
+        assert server.stdout is not None
+        write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}).encode() + b"\n")
+        assert json.loads(server.stdout.readline())["result"]["serverInfo"]["name"] == "toolbus"
+        hang_up()  # reading the terminal now fails (EIO)
+        assert server.wait(timeout=30) == 0
+        server.stdout.close()
+    stderr = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in stderr and "ending the session" in stderr
