@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import anyio
@@ -193,19 +194,20 @@ ANSWERS_AFTER_EOF_S = 30.0
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
     in closed): calls still running (an openDiff waiting for the user) are cancelled either
-    way, so they close their views and journal `cancelled`."""
-    async with anyio.create_task_group() as serving:
-        serving.start_soon(_stop_on_signal, serving.cancel_scope)
-        await _serve_stdio(server, arrivals)
-        serving.cancel_scope.cancel()
-
-
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    way, so they close their views and journal `cancelled`. The signals stay caught until that
+    is done: a second one (an impatient agent, a supervisor) cannot cut it short."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for received in signals:
-            log.info("stopping on %s", signal.Signals(received).name)
-            scope.cancel()
-            return
+        async with anyio.create_task_group() as serving:
+            serving.start_soon(_stop_on_signal, signals, serving.cancel_scope)
+            await _serve_stdio(server, arrivals)
+            serving.cancel_scope.cancel()
+
+
+async def _stop_on_signal(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
+    async for received in signals:
+        log.info("stopping on %s", signal.Signals(received).name)
+        scope.cancel()
+        return
 
 
 async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:

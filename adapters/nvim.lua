@@ -1057,6 +1057,7 @@ local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided
 -- Ids of views asked to close when they were not open: one still opening is taken down when
 -- it is (a few bytes for each id closed twice, for a Neovim session).
 local closed_early = {}
+local watch_for_orphans -- closes the views of a toolbus that has gone; defined with diff_close
 
 -- `text` as buffer lines, whether it ends with a line break, and its 'fileformat': 'dos' when
 -- every line break in it is CRLF, 'mac' when every one is CR (its lines then hold no CR); nil
@@ -1224,6 +1225,7 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
     proposal = proposal,
     shown = left,
   }
+  watch_for_orphans()
   local group = api.nvim_create_augroup(NAME .. '_diff_' .. id, { clear = true })
   api.nvim_create_autocmd('BufWriteCmd', {
     group = group,
@@ -1366,13 +1368,42 @@ function M.diff_close(id)
 end
 
 -- Close the views whose toolbus is gone (a kill leaves its channel closed and its views open):
--- nobody would ever hear their decision. A toolbus still running closes its own.
+-- nobody would ever hear their decision. A toolbus still running closes its own. How many.
 function M.diff_close_orphans()
+  local closed = 0
   for id, view in pairs(diffs) do
-    if next(api.nvim_get_chan_info(view.chan)) == nil then
-      M.diff_close(id)
+    if next(api.nvim_get_chan_info(view.chan)) == nil and M.diff_close(id) then
+      closed = closed + 1
     end
   end
+  return closed
+end
+
+-- While a view is open, look for orphans now and then: a toolbus that stopped while Neovim was
+-- busy could not have its request to close them run, and a killed one sent none.
+local ORPHAN_CHECK_MS = 1000
+local orphan_check = nil
+
+watch_for_orphans = function()
+  if orphan_check then
+    return
+  end
+  orphan_check = assert(vim.uv.new_timer())
+  orphan_check:start(
+    ORPHAN_CHECK_MS,
+    ORPHAN_CHECK_MS,
+    vim.schedule_wrap(function()
+      local closed = M.diff_close_orphans()
+      if closed > 0 then
+        local message = 'toolbus stopped waiting: %d proposed change(s) closed, nothing written'
+        vim.notify(message:format(closed), vim.log.levels.WARN)
+      end
+      if next(diffs) == nil and orphan_check then
+        orphan_check:close()
+        orphan_check = nil
+      end
+    end)
+  )
 end
 
 -- The view of the current tab page, for :ToolbusAccept and :ToolbusReject.

@@ -784,7 +784,31 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     assert path.read_text() == "kept\n"
 
 
-def test_close_all_diff_tabs_closes_the_views_of_a_killed_toolbus(tmp_path: Path, nvim: NeovimProcess) -> None:
+def test_a_second_stop_signal_does_not_cut_short_the_end_of_a_diff_on_a_busy_neovim(
+    tmp_path: Path, nvim: NeovimProcess
+) -> None:
+    """Told to stop while Neovim is busy, and told again while it waits on it: the call still
+    ends `cancelled` and toolbus exits cleanly; the view closes once Neovim is free."""
+    path, errors = tmp_path / "a.py", tmp_path / "stderr"
+    path.write_text("kept\n")
+    argv = toolbus_argv(tmp_path / "journal.db", "--nvim-timeout", "1", "-v", nvim=nvim.address)
+    with StdioServer(argv, stderr=errors) as stopped:
+        stopped.initialize()
+        propose(stopped, path, "stopped\n", "stopped")
+        shown(nvim)
+        nvim.occupy()
+        stopped.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping on SIGTERM" in errors.read_text(), "toolbus began to stop")
+        stopped.process.send_signal(signal.SIGTERM)
+        assert stopped.process.wait(timeout=30) == 0
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
+    assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
+    nvim.call(lambda n: n.input("<C-c>"))  # the user ends what kept Neovim busy
+    wait_until(lambda: tabs(nvim) == 1, "the view closed", timeout=10)
+    assert path.read_text() == "kept\n"
+
+
+def test_the_view_of_a_killed_toolbus_closes_and_the_user_is_told(tmp_path: Path, nvim: NeovimProcess) -> None:
     path = tmp_path / "a.py"
     path.write_text("kept\n")
     with start_server(tmp_path, nvim) as killed:
@@ -792,10 +816,11 @@ def test_close_all_diff_tabs_closes_the_views_of_a_killed_toolbus(tmp_path: Path
         shown(nvim)
         killed.process.kill()  # SIGKILL: it cannot close its view
         killed.process.wait(timeout=10)
-    assert tabs(nvim) == 2
+    wait_until(lambda: tabs(nvim) == 1, "the killed toolbus's view closed")
+    messages = nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output")
+    assert "toolbus stopped waiting: 1 proposed change(s) closed, nothing written" in messages
     with start_server(tmp_path, nvim) as later:  # counts only the diffs that waited on it
         assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_0_DIFF_TABS"]
-        wait_until(lambda: tabs(nvim) == 1, "the killed toolbus's view closed")
     assert path.read_text() == "kept\n"
 
 
