@@ -27,6 +27,13 @@ T = TypeVar("T")
 NVIM = shutil.which("nvim", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker more than there are cores. Many tests spend their time waiting (on a
+    timeout, a busy Neovim, a client that does not read) and the spare worker takes the core
+    they leave idle: on 2 cores the whole run takes 4:05 instead of 4:30; two spare, 4:20."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
