@@ -353,6 +353,17 @@ def test_copy_names_each_event_by_its_position_in_the_team_journal(team: Team, t
     assert admin_rows(team, named_by_calls) == [("recover", str(saved_at)), ("replay_write", str(saved_at))]
     # the process that ran each command is the laptop's, not the copy's
     assert admin_rows(team, "SELECT DISTINCT pid FROM commands") == [(os.getpid(),)]
+    # Bob copies it too: alice's copy brought every command, those that name an event he cannot see included.
+    by_bob = cli("journal", "copy", str(local), team.url("bob"))
+    assert by_bob.returncode == 0 and "copied 0 commands" in by_bob.stdout, by_bob.stderr
+    assert "3 were there already" in by_bob.stdout
+    # A restore since, from alice's save: bob cannot name her event, and his copy leaves no row.
+    writer = SqliteJournal(local)
+    anyio.run(lambda: writer.finish(record("recover", recover, caller=me), None, "ok", events=[restore]))
+    writer.close()
+    refused = cli("journal", "copy", str(local), team.url("bob"))
+    assert refused.returncode != 0 and "under another login: copy this journal with that login" in refused.stderr
+    assert admin_rows(team, "SELECT count(*) FROM commands") == [(4,)]  # other.db's and the laptop's first 3
 
 
 def test_a_second_copy_brings_what_a_command_gained_since(team: Team, tmp_path: Path) -> None:

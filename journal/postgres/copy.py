@@ -186,7 +186,7 @@ def _renumbered(conn: Connection, prepared: _Prepared) -> Outcome:
     for position, event_id in prepared.named.items():
         row = conn.execute("SELECT position FROM events WHERE event_id = %s", (event_id,)).fetchone()
         if row is None:
-            raise ValueError(
+            raise _HiddenEvent(
                 f"event {position} of the local journal, which its {outcome.record.tool} command names, is in the "
                 "team journal under another login: copy this journal with that login"
             )
@@ -202,6 +202,10 @@ def _renumbered(conn: Connection, prepared: _Prepared) -> Outcome:
         arguments = {**arguments, "event": here[named]}
     record = msgspec.structs.replace(outcome.record, arguments=arguments)
     return outcome._replace(record=record, events=events)
+
+
+class _HiddenEvent(ValueError):
+    """An event a command names is another login's."""
 
 
 def _event(type_name: str, data: dict[str, object]) -> Event:
@@ -266,7 +270,14 @@ def _copy_batch(conn: Connection, prepared: list[_Prepared]) -> list[_Result]:
 
 
 def _copied(conn: Connection, command: _Prepared) -> _Result:
-    outcome = _renumbered(conn, command)
+    try:
+        outcome = _renumbered(conn, command)
+    except _HiddenEvent:
+        # Most likely the command is that login's too (its copy of this journal brought both):
+        # inserting the row as it stands raises AlreadyRecorded if so. If not, the error stands,
+        # and the savepoint it leaves by takes the row back.
+        insert_command(conn, command.key, command.outcome.record, command.outcome.status, None, None)
+        raise
     record = outcome.record
     command_id = insert_command(
         conn, command.key, record, outcome.status, outcome.error, command.finished_ns, pid=command.pid
