@@ -305,6 +305,20 @@ def test_a_dry_run_refuses_another_logins_name_as_the_run_would(
     assert f"{option[0]} '{option[1]}' does not match" in run.stderr, run.stderr
 
 
+def test_the_texts_the_admins_copy_brings_are_for_the_agent_whose_command_it_was(team: Team, tmp_path: Path) -> None:
+    local = tmp_path / "journal.db"
+    writer = SqliteJournal(local)
+    alice = Caller(agent=team.roles["alice"], department="platform", host="laptop")
+    save, blobs = saved("/src/a.py", b"before\n", b"after\n")
+    anyio.run(lambda: writer.finish(record("saveDocument", caller=alice), None, "ok", events=[save], blobs=blobs))
+    writer.close()
+    copied = cli("journal", "copy", str(local), team.admin_url)
+    assert copied.returncode == 0, copied.stderr
+    [(saved_at,)] = admin_rows(team, "SELECT position FROM events WHERE type = 'DocumentSaved'")
+    recovered = cli("recover", str(saved_at), "--journal", team.url("alice"))
+    assert recovered.returncode == 0 and recovered.stdout == "before\n", recovered.stderr
+
+
 def test_copy_keeps_an_empty_text_a_save_replaced(team: Team, tmp_path: Path) -> None:
     """A file that was empty on disk is a text like any other: recoverable after the copy."""
     local = tmp_path / "journal.db"

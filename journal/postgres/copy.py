@@ -314,7 +314,7 @@ def _add_events(
     conn: Connection, command_id: int, command: _Prepared, events: list[tuple[int, Event]], owner: Caller
 ) -> None:
     """The command's events (by index), each at the time it was recorded, with the texts they name."""
-    insert_blobs(conn, command.outcome.blobs or {})
+    insert_blobs(conn, command.outcome.blobs or {}, owner.agent)
     for index, event in events:
         event_id, recorded_at = command.event_ids[index], command.recorded_at[index]
         append_events(conn, command_id, owner.agent, owner.department, [event], [event_id], recorded_at)

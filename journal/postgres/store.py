@@ -648,11 +648,14 @@ def insert_command(
     return int(inserted[0])
 
 
-def insert_blobs(conn: Connection, blobs: Mapping[str, bytes]) -> None:
+def insert_blobs(conn: Connection, blobs: Mapping[str, bytes], keeper: str | None = None) -> None:
+    """Texts, each kept for one agent to read: the login by default (row-level security lets an
+    agent keep none for another); the admin's copy of a journal keeps them for their agent."""
     if blobs:
         conn.cursor().executemany(
-            "INSERT INTO blobs (hash, agent, size, content) VALUES (%s, current_user, %s, %s) ON CONFLICT DO NOTHING",
-            [(digest, len(content), content) for digest, content in blobs.items()],
+            "INSERT INTO blobs (hash, agent, size, content) VALUES (%s, coalesce(%s, current_user), %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            [(digest, keeper, len(content), content) for digest, content in blobs.items()],
         )
 
 
