@@ -238,8 +238,9 @@ def threaded_stdin() -> Iterator[LineReader]:
 
 
 class _ThreadFeed(asyncio.ReadTransport):
-    """Blocking reads of `fd` by a daemon thread, handed to a `LineReader` on the event loop.
-    A daemon, unlike a worker thread of anyio's (whose cancelled call waits for the read to
+    """Blocking reads of `fd` by a daemon thread, handed to a `LineReader` on the event loop one
+    at a time: the thread reads again once the reader has taken the last and not paused. A
+    daemon, unlike a worker thread of anyio's (whose cancelled call waits for the read to
     return), leaves a stop signal nothing to wait for; a failed read (a terminal hung up: EIO)
     ends the session as the end of input does."""
 
@@ -248,24 +249,26 @@ class _ThreadFeed(asyncio.ReadTransport):
         self._fd = fd
         self._reader = reader
         self._loop = loop
-        self._reading = threading.Event()  # cleared while the reader holds enough lines
-        self._reading.set()
+        self._may_read = threading.Event()  # set on the loop once the thread may read on
+        self._may_read.set()
+        self._paused = False  # the reader holds enough lines (touched on the loop only)
         self._closing = False
         reader.connection_made(self)
         threading.Thread(target=self._run, name="toolbus stdin", daemon=True).start()
 
     def pause_reading(self) -> None:
-        self._reading.clear()
+        self._paused = True
 
     def resume_reading(self) -> None:
-        self._reading.set()
+        self._paused = False
+        self._may_read.set()
 
     def is_reading(self) -> bool:
-        return self._reading.is_set()
+        return not self._paused
 
     def close(self) -> None:
         self._closing = True
-        self._reading.set()
+        self._may_read.set()
 
     def is_closing(self) -> bool:
         return self._closing
@@ -274,13 +277,19 @@ class _ThreadFeed(asyncio.ReadTransport):
         failure: OSError | None = None
         try:
             while True:
-                self._reading.wait()
+                self._may_read.wait()
                 if self._closing or not (data := _read_blocking(self._fd)):
                     break
-                self._hand_over(self._reader.data_received, data)
+                self._may_read.clear()
+                self._hand_over(self._take, data)
         except OSError as error:
             failure = error
         self._hand_over(self._reader.connection_lost, failure)
+
+    def _take(self, data: bytes) -> None:
+        self._reader.data_received(data)
+        if not self._paused:
+            self._may_read.set()
 
     def _hand_over(self, deliver: Callable[[_Delivered], None], what: _Delivered) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: serving is over

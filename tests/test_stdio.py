@@ -24,29 +24,42 @@ from typing import IO, Any, cast
 import pytest
 
 from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
-from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter
+from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter, _ThreadFeed
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(params=["event loop", "thread"])
+def feed(request: pytest.FixtureRequest) -> str:
+    """How stdin reaches the LineReader: watched by the event loop (a pipe), or read by a thread
+    of its own (anything else)."""
+    return str(request.param)
+
+
 @asynccontextmanager
-async def reading(data: bytes) -> AsyncIterator[tuple[LineReader, asyncio.ReadTransport]]:
+async def reading(data: bytes, feed: str) -> AsyncIterator[tuple[LineReader, asyncio.ReadTransport]]:
     """A LineReader on a pipe that a thread fills with `data`, then closes."""
     read_end, write_end = os.pipe()
 
     def fill() -> None:
-        with os.fdopen(write_end, "wb") as pipe:
+        with os.fdopen(write_end, "wb") as pipe, contextlib.suppress(BrokenPipeError):
             pipe.write(data)
 
     filler = threading.Thread(target=fill)
     filler.start()
     reader = LineReader()
-    transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: reader, os.fdopen(read_end, "rb"))
+    loop = asyncio.get_running_loop()
+    if feed == "thread":
+        transport: asyncio.ReadTransport = _ThreadFeed(read_end, reader, loop)
+    else:
+        transport, _ = await loop.connect_read_pipe(lambda: reader, os.fdopen(read_end, "rb"))
     try:
         yield reader, transport
     finally:
         transport.close()
+        if feed == "thread":  # the transport does not own it: stdin's is never closed
+            os.close(read_end)
         filler.join()
 
 
@@ -54,25 +67,28 @@ async def all_lines(reader: LineReader) -> list[str]:
     return [line async for line in reader]
 
 
-async def test_lines_split_at_newlines_only_and_the_last_needs_none() -> None:
+async def test_lines_split_at_newlines_only_and_the_last_needs_none(feed: str) -> None:
     data = b'{"a":1}\n{"b":\r2}\r\n\n\xff tail'
-    async with reading(data) as (reader, _):
+    async with reading(data, feed) as (reader, _):
         assert await all_lines(reader) == ['{"a":1}', '{"b":\r2}\r', "", "\ufffd tail"]
 
 
-async def test_a_line_longer_than_any_read_is_one_line() -> None:
+async def test_a_line_longer_than_any_read_is_one_line(feed: str) -> None:
     line = b"x" * 5_000_000
-    async with reading(line + b"\n" + b"next\n") as (reader, _):
+    async with reading(line + b"\n" + b"next\n", feed) as (reader, _):
         assert [len(text) for text in await all_lines(reader)] == [5_000_000, 4]
 
 
-async def test_reading_pauses_while_lines_wait_and_resumes_when_taken() -> None:
-    count = MAX_PENDING_LINES * 3
-    async with reading(b"".join(b"%d\n" % n for n in range(count))) as (reader, transport):
+async def test_reading_pauses_while_lines_wait_and_resumes_when_taken(feed: str) -> None:
+    count = MAX_PENDING_LINES * 40  # lines of 1 KiB: many reads' worth
+    lines = [b"%04d" % n + b"x" * 1020 for n in range(count)]
+    async with reading(b"\n".join(lines) + b"\n", feed) as (reader, transport):
         first = await reader.__anext__()
         while transport.is_reading():  # the rest arrives, until too many lines wait
             await asyncio.sleep(0.001)
-        assert [first, *await all_lines(reader)] == [str(n) for n in range(count)]
+        await asyncio.sleep(0.05)  # time for reads that should not happen
+        assert len(reader._lines) < MAX_PENDING_LINES * 3  # what one more read could bring, at most
+        assert [first, *await all_lines(reader)] == [line.decode() for line in lines]
 
 
 @asynccontextmanager
