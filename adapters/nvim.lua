@@ -1053,7 +1053,7 @@ end
 -- user thinks): `:w` (or :ToolbusAccept) accepts, closing the proposal (or :ToolbusReject)
 -- rejects.
 
-local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided }
+local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided (the action), orphaned }
 -- Ids of views asked to close when they were not open: one still opening is taken down when
 -- it is (a few bytes for each id closed twice, for a Neovim session).
 local closed_early = {}
@@ -1094,7 +1094,7 @@ local function decide(id, action)
   if not view or view.decided then
     return
   end
-  view.decided = true
+  view.decided = action
   local text = nil
   if action == 'accept' and api.nvim_buf_is_valid(view.proposal) then
     text = buffer_text(view.proposal)
@@ -1107,6 +1107,7 @@ local function decide(id, action)
     if text and api.nvim_buf_is_valid(view.proposal) then
       vim.bo[view.proposal].modified = true
     end
+    vim.notify('toolbus is no longer waiting for this diff: nothing was written', vim.log.levels.WARN)
   end
 end
 
@@ -1368,21 +1369,37 @@ function M.diff_close(id)
 end
 
 -- Close the views whose toolbus is gone (a kill leaves its channel closed and its views open):
--- nobody would ever hear their decision. A toolbus still running closes its own. How many.
+-- nobody would ever hear their decision. A toolbus still running closes its own.
 function M.diff_close_orphans()
-  local closed = 0
   for id, view in pairs(diffs) do
-    if next(api.nvim_get_chan_info(view.chan)) == nil and M.diff_close(id) then
-      closed = closed + 1
+    if next(api.nvim_get_chan_info(view.chan)) == nil then
+      M.diff_close(id)
     end
   end
-  return closed
 end
 
 -- While a view is open, look for orphans now and then: a toolbus that stopped while Neovim was
--- busy could not have its request to close them run, and a killed one sent none.
+-- busy could not have its request to close them run, and a killed one sent none. Each closes,
+-- and the user is told, but one whose proposal the user edited: that stays theirs to keep.
 local ORPHAN_CHECK_MS = 1000
 local orphan_check = nil
+
+local function tend_orphan(id, view)
+  local name = vim.fs.basename(view.path)
+  local message
+  if view.decided == 'accept' then -- toolbus heard it, and stopped while it applied it
+    message = ('toolbus stopped while applying the change to %s you accepted: check the file'):format(name)
+  elseif api.nvim_buf_is_valid(view.proposal) and vim.bo[view.proposal].modified then
+    view.orphaned = true
+    message = ('toolbus stopped waiting for your decision on %s: nothing was written; your edits stay in its tab'):format(name)
+  else
+    message = ('toolbus stopped waiting for your decision on %s: the diff is closed, nothing was written'):format(name)
+  end
+  if not view.orphaned then
+    M.diff_close(id)
+  end
+  vim.notify(message, vim.log.levels.WARN)
+end
 
 watch_for_orphans = function()
   if orphan_check then
@@ -1393,12 +1410,14 @@ watch_for_orphans = function()
     ORPHAN_CHECK_MS,
     ORPHAN_CHECK_MS,
     vim.schedule_wrap(function()
-      local closed = M.diff_close_orphans()
-      if closed > 0 then
-        local message = 'toolbus stopped waiting: %d proposed change(s) closed, nothing written'
-        vim.notify(message:format(closed), vim.log.levels.WARN)
+      local watching = false
+      for id, view in pairs(diffs) do
+        if not view.orphaned and next(api.nvim_get_chan_info(view.chan)) == nil then
+          tend_orphan(id, view)
+        end
+        watching = watching or (diffs[id] ~= nil and not view.orphaned)
       end
-      if next(diffs) == nil and orphan_check then
+      if not watching and orphan_check then
         orphan_check:close()
         orphan_check = nil
       end

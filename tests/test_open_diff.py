@@ -808,20 +808,31 @@ def test_a_second_stop_signal_does_not_cut_short_the_end_of_a_diff_on_a_busy_neo
     assert path.read_text() == "kept\n"
 
 
-def test_the_view_of_a_killed_toolbus_closes_and_the_user_is_told(tmp_path: Path, nvim: NeovimProcess) -> None:
-    path = tmp_path / "a.py"
-    path.write_text("kept\n")
+def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: Path, nvim: NeovimProcess) -> None:
+    untouched, edited = tmp_path / "a.py", tmp_path / "b.py"
+    for path in (untouched, edited):
+        path.write_text("kept\n")
     with start_server(tmp_path, nvim) as killed:
-        propose(killed, path, "orphan\n", "orphan")
+        propose(killed, untouched, "orphan\n", "a")
         shown(nvim)
-        killed.process.kill()  # SIGKILL: it cannot close its view
+        propose(killed, edited, "orphan\n", "b")
+        wait_until(lambda: shown(nvim).endswith("b.py (proposed)"), "the second view opened")
+        nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'mine' })")
+        killed.process.kill()  # SIGKILL: it cannot close its views
         killed.process.wait(timeout=10)
-    wait_until(lambda: tabs(nvim) == 1, "the killed toolbus's view closed")
+    wait_until(lambda: tabs(nvim) == 2, "the killed toolbus's unedited view closed")
     messages = nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output")
-    assert "toolbus stopped waiting: 1 proposed change(s) closed, nothing written" in messages
+    assert "stopped waiting for your decision on a.py: the diff is closed, nothing was written" in messages
+    assert "stopped waiting for your decision on b.py: nothing was written; your edits stay in its tab" in messages
+    assert nvim.lua("return { vim.bo.modified, vim.api.nvim_buf_get_lines(0, 0, -1, false) }") == [True, ["mine"]]
+    nvim.command("write")  # accepting it now reaches nobody, and says so
+    assert "no longer waiting for this diff: nothing was written" in nvim.lua(
+        "return vim.api.nvim_exec2('messages', { output = true }).output"
+    )
     with start_server(tmp_path, nvim) as later:  # counts only the diffs that waited on it
         assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_0_DIFF_TABS"]
-    assert path.read_text() == "kept\n"
+        wait_until(lambda: tabs(nvim) == 1, "closeAllDiffTabs closed the killed toolbus's edited view")
+    assert untouched.read_text() == edited.read_text() == "kept\n"
 
 
 def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp_path: Path) -> None:
