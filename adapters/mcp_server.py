@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -214,17 +213,15 @@ async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolbus.adapters.answering import LineAnswerer
-    from toolbus.adapters.stdio import event_loop_stdio, threaded_stdin
+    from toolbus.adapters.stdio import event_loop_stdio
 
     answerer = LineAnswerer(arrivals.arrived, functools.partial(arrivals.answered_all, ANSWERS_AFTER_EOF_S))
-    async with event_loop_stdio() as streams, contextlib.AsyncExitStack() as stack:
-        # The SDK's stdout when stdout is not a pipe; its protocol work either way. The lines
-        # pass through toolbus, so that a line the SDK cannot parse still gets an answer.
-        stdin, stdout = streams or (stack.enter_context(threaded_stdin()), None)
-        lines = answerer.lines(cast(Any, stdin))
+    async with event_loop_stdio() as (stdin, stdout):
+        # The SDK does the protocol work; the lines pass through toolbus on their way to it, so
+        # that a line the SDK cannot parse still gets an answer.
+        lines = answerer.lines(stdin)
         async with stdio_server(cast(Any, lines), cast(Any, stdout)) as (read_stream, write_stream):
             write = arrivals.answers(write_stream)
             read = answerer.read(read_stream, write)
             await server.run(read, write, server.create_initialization_options())
-            if streams is not None:  # serving is over: what is left to write waits on the client no more
-                streams[1].release()
+            stdout.release()  # serving is over: what is left to write waits on the client no more

@@ -4,7 +4,9 @@ The SDK's `stdio_server` reaches stdin and stdout through anyio's file wrapper, 
 read, every write and every flush is a hop to a worker thread and back: three per tool call.
 When stdin and stdout are pipes (as when an agent starts the server), the event loop can
 watch them itself: a no-op tool call over stdio then takes 0.40 ms instead of 0.66 ms
-(2 cores, interleaved). The SDK still does all the protocol work: it is handed these two
+(2 cores, interleaved). Anything else (a socket, a terminal, a file) a daemon thread of ours
+reads or writes: unlike the SDK's worker threads, none keeps a stop signal or the end of
+serving waiting on a client. The SDK still does all the protocol work: it is handed these two
 streams in place of its wrapped files.
 
 Like the SDK, the wire is moved to private descriptors while serving: fd 0 reads the null
@@ -19,10 +21,11 @@ import contextlib
 import io
 import logging
 import os
+import queue
 import select
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import anyio
@@ -158,8 +161,6 @@ def _decode(line: bytes | bytearray) -> str:
 
 
 def _is_pipe(fd: int) -> bool:
-    # Not sockets: asyncio takes a socket that turns readable under stdout (the same socket as
-    # stdin, as inetd and socat give, or a client's half-close) for a closed one.
     return stat.S_ISFIFO(os.fstat(fd).st_mode)
 
 
@@ -194,22 +195,27 @@ class _Wire:
 
 
 @contextlib.asynccontextmanager
-async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter] | None]:
-    """stdin and stdout on the event loop, or None when either is not a pipe (a file, a
-    terminal, a socket) or not on POSIX: then the SDK's threaded streams serve. Terminals are
-    left to the SDK on purpose: the non-blocking mode the event loop needs would be the shell's."""
-    if os.name != "posix" or not (_is_pipe(0) and _is_pipe(1)):
-        yield None
-        return
+async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
+    """stdin's lines and stdout's text on the event loop (POSIX). A pipe the loop watches
+    itself; anything else (a file, a terminal, a socket) a daemon thread reads or writes, in
+    blocking mode: the non-blocking mode the loop needs would be the shell's terminal's too, and
+    asyncio takes a socket that turns readable under stdout (the same socket as stdin, as inetd
+    and socat give, or a client's half-close) for a closed one."""
     loop = asyncio.get_running_loop()
     wire_in, wire_out = _Wire(0), _Wire(1)
     reader, writer = LineReader(), LineWriter()
     read: asyncio.ReadTransport | None = None
     write: asyncio.WriteTransport | None = None
     try:
-        read, _ = await loop.connect_read_pipe(lambda: reader, wire_in.stream("rb"))
-        write, _ = await loop.connect_write_pipe(lambda: writer, wire_out.stream("wb"))
-        write.set_write_buffer_limits(high=0)  # flush() returns once the pipe has every byte
+        if _is_pipe(wire_in.private):
+            read, _ = await loop.connect_read_pipe(lambda: reader, wire_in.stream("rb"))
+        else:  # its descriptor is never closed: the thread may be blocked reading it, for good
+            read = _ThreadFeed(_private_copy(wire_in.private), reader, loop)
+        if _is_pipe(wire_out.private):
+            write, _ = await loop.connect_write_pipe(lambda: writer, wire_out.stream("wb"))
+            write.set_write_buffer_limits(high=0)  # flush() returns once the pipe has every byte
+        else:
+            write = _ThreadSink(_private_copy(wire_out.private), writer, loop)
         yield reader, writer
     finally:
         if read is not None:
@@ -218,23 +224,6 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter] | No
             await _close_writing(write, writer)
         wire_in.give_back()
         wire_out.give_back()
-
-
-@contextlib.contextmanager
-def threaded_stdin() -> Iterator[LineReader]:
-    """stdin's lines read by a thread of its own, for when it is not a pipe (a terminal, a
-    socket, a file). Claimed as the SDK would claim it (fd 0 reads the null device meanwhile),
-    but read here so that every line passes through toolbus on its way to the SDK."""
-    wire = _Wire(0)
-    reader = LineReader()
-    # Not closed on the way out: the thread may still be blocked reading it (a terminal, a
-    # quiet socket), and a closed descriptor could be recycled under it. One per process.
-    feed = _ThreadFeed(_private_copy(wire.private), reader, asyncio.get_running_loop())
-    try:
-        yield reader
-    finally:
-        feed.close()
-        wire.give_back()
 
 
 class _ThreadFeed(asyncio.ReadTransport):
@@ -281,19 +270,22 @@ class _ThreadFeed(asyncio.ReadTransport):
                 if self._closing or not (data := _read_blocking(self._fd)):
                     break
                 self._may_read.clear()
-                self._hand_over(self._take, data)
+                _on_loop(self._loop, self._take, data)
         except OSError as error:
             failure = error
-        self._hand_over(self._reader.connection_lost, failure)
+        _on_loop(self._loop, self._reader.connection_lost, failure)
 
     def _take(self, data: bytes) -> None:
         self._reader.data_received(data)
         if not self._paused:
             self._may_read.set()
 
-    def _hand_over(self, deliver: Callable[[_Delivered], None], what: _Delivered) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: serving is over
-            self._loop.call_soon_threadsafe(deliver, what)
+
+def _on_loop(loop: asyncio.AbstractEventLoop, deliver: Callable[[_Delivered], None], what: _Delivered) -> None:
+    """`deliver(what)` called on `loop`, from a thread of ours; not once the loop is closed
+    (serving is over)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(deliver, what)
 
 
 def _read_blocking(fd: int) -> bytes:
@@ -304,6 +296,84 @@ def _read_blocking(fd: int) -> bytes:
             return os.read(fd, 65536)
         except BlockingIOError:
             select.select([fd], [], [])
+
+
+class _ThreadSink(asyncio.WriteTransport):
+    """Blocking writes to `fd` by a daemon thread, for a `LineWriter`, which it pauses while any
+    bytes wait (as a pipe transport with no buffer allowance does): a flush returns once the
+    thread has written everything. Abandoned, the thread may stay blocked: a daemon, it keeps
+    the process from nothing."""
+
+    def __init__(self, fd: int, writer: LineWriter, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._fd = fd
+        self._writer = writer
+        self._loop = loop
+        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # None: stop
+        self._waiting = 0  # bytes handed to the thread and not yet written (touched on the loop only)
+        self._closing = False
+        self._lost = False
+        writer.connection_made(self)
+        threading.Thread(target=self._run, name="toolbus stdout", daemon=True).start()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or not data:
+            return
+        if not self._waiting:
+            self._writer.pause_writing()
+        self._waiting += len(data)
+        self._chunks.put(bytes(data))
+
+    def get_write_buffer_size(self) -> int:
+        return self._waiting
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Closed once the thread has written what waits."""
+        self._closing = True
+        if not self._waiting:
+            self._end(None)
+
+    def abort(self) -> None:
+        self._closing = True
+        self._end(None)
+
+    def _run(self) -> None:
+        while (data := self._chunks.get()) is not None:
+            try:
+                _write_all(self._fd, data)
+            except OSError as error:  # the client closed its end
+                _on_loop(self._loop, self._end, error)
+                return
+            _on_loop(self._loop, self._written, len(data))
+
+    def _written(self, size: int) -> None:
+        self._waiting -= size
+        if self._waiting:
+            return
+        if self._closing:
+            self._end(None)
+        else:
+            self._writer.resume_writing()
+
+    def _end(self, error: OSError | None) -> None:
+        if self._lost:
+            return
+        self._lost = self._closing = True
+        self._chunks.put(None)
+        self._writer.connection_lost(error)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`, waiting for room even if the descriptor is in non-blocking mode."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) -> None:

@@ -1,5 +1,5 @@
 """stdio on the event loop (adapters/stdio.py): lines in, text out, stray output kept off the
-wire, and the SDK's own streams when stdin is not a pipe."""
+wire, and threads of toolbus's for a stdin or stdout that is not a pipe."""
 
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def test_output_still_buffered_at_exit_reaches_a_slow_client() -> None:
 
 
 def test_serve_answers_on_a_socket_shared_by_stdin_and_stdout(tmp_path: Path) -> None:
-    """inetd and socat give one socket as both: the SDK's own streams serve it."""
+    """inetd and socat give one socket as both: threads of toolbus's read and write it."""
     client, server_end = socket.socketpair()
     with client, server_end:
         end = server_end.fileno()  # what Popen takes of a socket
@@ -237,7 +237,7 @@ def test_serve_answers_on_a_socket_shared_by_stdin_and_stdout(tmp_path: Path) ->
 
 
 def test_serve_answers_when_stdout_is_a_file(tmp_path: Path) -> None:
-    """Not a pipe: the SDK's own threaded streams serve, with the same answers."""
+    """Not a pipe: a thread of toolbus's writes it, with the same answers."""
     output = tmp_path / "answers.jsonl"
     with output.open("wb") as stdout:
         server = subprocess.Popen(
@@ -418,8 +418,9 @@ def test_requests_sent_before_stdin_closes_are_all_answered(tmp_path: Path) -> N
     assert sorted(rows) == [("getOpenEditors", "failed"), ("save", "ok")]
 
 
-def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path) -> None:
-    """The last answer is larger than the pipe holds and nobody reads it: toolbus gives the
+@pytest.mark.parametrize("wire", ["pipes", "socket"])  # socket: one for both ends, as a Node agent gives
+def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path, wire: str) -> None:
+    """The last answer is larger than the wire holds and nobody reads it: toolbus gives the
     client a bounded time to take it, says so, and exits; what it did stays journaled."""
     requests = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
@@ -437,20 +438,28 @@ def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(
             "params": {"name": "get_observations", "arguments": {"ids": [1]}},
         },
     ]
+    sent = b"".join(json.dumps(request).encode() + b"\n" for request in requests)
     journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
     with errors.open("wb") as stderr:
-        server = subprocess.Popen(
-            toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock")),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=clean_env(),
-        )
-    assert server.stdin is not None and server.stdout is not None
-    with server.stdout:
-        server.stdin.write(b"".join(json.dumps(request).encode() + b"\n" for request in requests))
-        server.stdin.close()
-        assert server.wait(timeout=60) == 0
+        if wire == "pipes":
+            server = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env()
+            )
+            assert server.stdin is not None and server.stdout is not None
+            with server.stdout:
+                server.stdin.write(sent)
+                server.stdin.close()
+                assert server.wait(timeout=60) == 0
+        else:
+            client, server_end = socket.socketpair()
+            with client, server_end:
+                end = server_end.fileno()
+                server = subprocess.Popen(argv, stdin=end, stdout=end, stderr=stderr, env=clean_env())
+                server_end.close()
+                client.sendall(sent)
+                client.shutdown(socket.SHUT_WR)
+                assert server.wait(timeout=60) == 0
     assert "the client did not read the last" in errors.read_text()
     with contextlib.closing(sqlite3.connect(journal)) as db:
         rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
@@ -486,6 +495,7 @@ def serve_on(tmp_path: Path, stdin: int) -> subprocess.Popen[bytes]:
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=clean_env(),
+            start_new_session=True,  # a terminal's hangup then reaches it as a failed read, not a SIGHUP
         )
     os.close(stdin)
     return server
