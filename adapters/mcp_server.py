@@ -193,20 +193,33 @@ ANSWERS_AFTER_EOF_S = 30.0
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
     in closed): calls still running (an openDiff waiting for the user) are cancelled either
-    way, so they close their views and journal `cancelled`. The signals stay caught until that
-    is done: a second one (an impatient agent, a supervisor) cannot cut it short."""
+    way, so they close their views and journal `cancelled`."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async with anyio.create_task_group() as serving:
-            serving.start_soon(_stop_on_signal, signals, serving.cancel_scope)
-            await _serve_stdio(server, arrivals)
-            serving.cancel_scope.cancel()
+        async with anyio.create_task_group() as listening:
+            serving = anyio.CancelScope()
+            listening.start_soon(_stop_on_signals, signals, serving)
+            with serving:
+                await _serve_stdio(server, arrivals)
+            listening.cancel_scope.cancel()
 
 
-async def _stop_on_signal(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
-    async for received in signals:
-        log.info("stopping on %s", signal.Signals(received).name)
-        scope.cancel()
-        return
+async def _stop_on_signals(signals: AsyncIterator[int], serving: anyio.CancelScope) -> None:
+    """The first signal stops serving. Stopping takes a bounded time (views closed within the
+    Neovim timeout, the last output drained within DRAIN_ON_EXIT_S), which a second signal (an
+    impatient agent, a supervisor) does not cut short; a third ends toolbus at once, leaving
+    what it was doing as the journal says."""
+    received = 0
+    async for number in signals:
+        received += 1
+        name = signal.Signals(number).name
+        if received == 1:
+            log.info("stopping on %s", name)
+            serving.cancel()
+        elif received == 2:
+            log.warning("still stopping (%s): closing diff views and journaling; a third signal stops at once", name)
+        else:
+            log.warning("stopping at once on a third signal (%s)", name)
+            os._exit(128 + number)
 
 
 async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:

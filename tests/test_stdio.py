@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import select
@@ -418,19 +419,13 @@ def test_requests_sent_before_stdin_closes_are_all_answered(tmp_path: Path) -> N
     assert sorted(rows) == [("getOpenEditors", "failed"), ("save", "ok")]
 
 
-@pytest.mark.parametrize("wire", ["pipes", "socket"])  # socket: one for both ends, as a Node agent gives
-def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path, wire: str) -> None:
-    """The last answer is larger than the wire holds and nobody reads it: toolbus gives the
-    client a bounded time to take it, says so, and exits; what it did stays journaled."""
+def requests_with_a_big_last_answer() -> bytes:
+    """A session whose last answer is larger than a pipe or socket holds: a note of 300 KB."""
+    note = {"title": "big", "text": "x" * 300_000}
     requests = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {"name": "save", "arguments": {"title": "big", "text": "x" * 300_000}},
-        },
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "save", "arguments": note}},
         {
             "jsonrpc": "2.0",
             "id": 3,
@@ -438,7 +433,14 @@ def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(
             "params": {"name": "get_observations", "arguments": {"ids": [1]}},
         },
     ]
-    sent = b"".join(json.dumps(request).encode() + b"\n" for request in requests)
+    return b"".join(json.dumps(request).encode() + b"\n" for request in requests)
+
+
+@pytest.mark.parametrize("wire", ["pipes", "socket"])  # socket: one for both ends, as a Node agent gives
+def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path, wire: str) -> None:
+    """The last answer is larger than the wire holds and nobody reads it: toolbus gives the
+    client a bounded time to take it, says so, and exits; what it did stays journaled."""
+    sent = requests_with_a_big_last_answer()
     journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
     argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
     with errors.open("wb") as stderr:
@@ -529,3 +531,37 @@ def test_a_terminal_that_hangs_up_ends_the_session_as_end_of_input_does(tmp_path
         server.stdout.close()
     stderr = (tmp_path / "stderr").read_text()
     assert "Traceback" not in stderr and "ending the session" in stderr
+
+
+def test_a_third_stop_signal_ends_toolbus_at_once(tmp_path: Path) -> None:
+    """Stopping waits for a client that does not read its last answer (a bounded time); a second
+    signal does not cut that short, a third does."""
+    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"), "-v")
+    with errors.open("wb") as stderr:
+        server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
+    assert server.stdin is not None and server.stdout is not None
+
+    def until(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not done():
+            assert time.monotonic() < deadline, f"never: {what}"
+            time.sleep(0.02)
+
+    def logged(text: str) -> bool:
+        return text in errors.read_text()
+
+    def answered() -> bool:
+        with contextlib.closing(sqlite3.connect(journal)) as db:
+            return bool(db.execute("SELECT count(*) FROM commands WHERE status = 'ok'").fetchone() == (2,))
+
+    with server.stdin, server.stdout:
+        server.stdin.write(requests_with_a_big_last_answer())
+        server.stdin.flush()
+        until(lambda: journal.exists() and answered(), "both calls done: the last answer waits on the client")
+        for said in ("stopping on SIGTERM", "still stopping (SIGTERM)"):
+            server.send_signal(signal.SIGTERM)
+            until(functools.partial(logged, said), said)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "stopping at once on a third signal" in errors.read_text()
