@@ -1107,7 +1107,15 @@ local function decide(id, action)
     if text and api.nvim_buf_is_valid(view.proposal) then
       vim.bo[view.proposal].modified = true
     end
-    vim.notify('toolbus is no longer waiting for this diff: nothing was written', vim.log.levels.WARN)
+    if next(api.nvim_get_chan_info(view.chan)) ~= nil then
+      return -- not heard now, but its toolbus is there: it closes the view
+    elseif action == 'reject' then -- the user closed a view nobody waits for: the rest of it goes too
+      vim.schedule(function()
+        M.diff_close(id)
+      end)
+    else
+      vim.notify('toolbus is no longer waiting for this diff: nothing was written', vim.log.levels.WARN)
+    end
   end
 end
 
@@ -1368,22 +1376,10 @@ function M.diff_close(id)
   return true
 end
 
--- Close the views whose toolbus is gone (a kill leaves its channel closed and its views open):
--- nobody would ever hear their decision. A toolbus still running closes its own.
-function M.diff_close_orphans()
-  for id, view in pairs(diffs) do
-    if next(api.nvim_get_chan_info(view.chan)) == nil then
-      M.diff_close(id)
-    end
-  end
-end
-
--- While a view is open, look for orphans now and then: a toolbus that stopped while Neovim was
--- busy could not have its request to close them run, and a killed one sent none. Each closes,
--- and the user is told, but one whose proposal the user edited: that stays theirs to keep.
-local ORPHAN_CHECK_MS = 1000
-local orphan_check = nil
-
+-- A view whose toolbus is gone (killed, or stopped while Neovim was busy, so that its request to
+-- close the view could not run) would wait for good: nobody hears its decision. Each is closed
+-- and the user told, but one whose proposal the user edited (kept: theirs to save elsewhere or
+-- close) and one whose accepted text is being written (tended once that is done).
 local function tend_orphan(id, view)
   local name = vim.fs.basename(view.path)
   local message
@@ -1401,6 +1397,28 @@ local function tend_orphan(id, view)
   vim.notify(message, vim.log.levels.WARN)
 end
 
+-- Whether any view is left that a toolbus may yet leave orphaned.
+local function tend_orphans()
+  local watching = false
+  for id, view in pairs(diffs) do
+    local being_written = view.staged and writing[view.staged.buf]
+    if not view.orphaned and not being_written and next(api.nvim_get_chan_info(view.chan)) == nil then
+      tend_orphan(id, view)
+    end
+    watching = watching or (diffs[id] ~= nil and not view.orphaned)
+  end
+  return watching
+end
+
+-- For closeAllDiffTabs: at once, rather than within the second the timer below may take.
+function M.diff_close_orphans()
+  tend_orphans()
+end
+
+-- While a view is open, look for orphans now and then.
+local ORPHAN_CHECK_MS = 1000
+local orphan_check = nil
+
 watch_for_orphans = function()
   if orphan_check then
     return
@@ -1410,14 +1428,7 @@ watch_for_orphans = function()
     ORPHAN_CHECK_MS,
     ORPHAN_CHECK_MS,
     vim.schedule_wrap(function()
-      local watching = false
-      for id, view in pairs(diffs) do
-        if not view.orphaned and next(api.nvim_get_chan_info(view.chan)) == nil then
-          tend_orphan(id, view)
-        end
-        watching = watching or (diffs[id] ~= nil and not view.orphaned)
-      end
-      if not watching and orphan_check then
+      if not tend_orphans() and orphan_check then
         orphan_check:close()
         orphan_check = nil
       end

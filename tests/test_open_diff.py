@@ -92,6 +92,12 @@ def tabs(nvim: NeovimProcess) -> int:
     return int(nvim.lua("return #vim.api.nvim_list_tabpages()"))
 
 
+def view_buffers(nvim: NeovimProcess) -> int:
+    """How many buffers of diff views Neovim holds (listed or not)."""
+    names = nvim.lua("return vim.tbl_map(vim.api.nvim_buf_get_name, vim.api.nvim_list_bufs())")
+    return sum(name.startswith("toolbus://") for name in names)
+
+
 def texts(result: dict[str, Any]) -> list[str]:
     return [item["text"] for item in result["content"]]
 
@@ -831,7 +837,11 @@ def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: 
     )
     with start_server(tmp_path, nvim) as later:  # counts only the diffs that waited on it
         assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_0_DIFF_TABS"]
-        wait_until(lambda: tabs(nvim) == 1, "closeAllDiffTabs closed the killed toolbus's edited view")
+        later.call_tool("getOpenEditors", {})  # Neovim has run what closeAllDiffTabs sent before it
+        assert nvim.lua("return vim.api.nvim_buf_get_lines(0, 0, -1, false)") == ["mine"]  # nor does it take these
+    nvim.command("quit!")  # the user drops them: the whole view goes, not just their window
+    wait_until(lambda: view_buffers(nvim) == 0, "the view's buffers gone")
+    assert tabs(nvim) == 1
     assert untouched.read_text() == edited.read_text() == "kept\n"
 
 
