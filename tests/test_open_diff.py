@@ -845,6 +845,24 @@ def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: 
     assert untouched.read_text() == edited.read_text() == "kept\n"
 
 
+def test_an_accepted_view_whose_toolbus_died_during_its_write_is_written_closed_and_said_once(
+    tmp_path: Path, nvim: NeovimProcess
+) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("x = 1\n")
+    with held_write(nvim, path), start_server(tmp_path, nvim) as killed:
+        propose(killed, path, "x = 2\n", "held")
+        shown(nvim)
+        nvim.command("write")  # accept: toolbus writes it, and the write is held
+        wait_until(lambda: nvim.lua("return vim.g.writing"), "toolbus's write began")
+        killed.process.kill()
+        killed.process.wait(timeout=10)
+    wait_until(lambda: tabs(nvim) == 1, "the view closed once written")
+    assert path.read_text() == "x = 2\n"
+    messages = nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output")
+    assert messages.count("toolbus stopped while applying the change to a.py you accepted: check the file") == 1
+
+
 def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp_path: Path) -> None:
     nvim = NeovimProcess(tmp_path / "nvim")
     path, blocking = tmp_path / "a.py", tmp_path / "b.py"
