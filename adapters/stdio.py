@@ -137,9 +137,9 @@ class LineWriter(asyncio.Protocol):
         self._check()
 
     def release(self) -> None:
-        """Serving is over and every answer is written: a flush (the SDK's writer waiting on a
-        client that does not read) returns at once, so that closing can begin. The bytes stay
-        with the transport, which closing gives the client a bounded time to take."""
+        """Serving is over: a flush (the SDK's writer waiting on a client that does not read)
+        returns at once, so that closing can begin. The bytes stay with the transport, which
+        closing gives the client a bounded time to take."""
         self._released = True
         self._drained.set()
 
