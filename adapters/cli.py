@@ -34,6 +34,7 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _hold_closed_standard_descriptors()
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -45,6 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="toolbus: %(levelname)s %(name)s: %(message)s",
     )
     return _flush_stdout(_run(args), f"toolbus {args.command}")
+
+
+def _hold_closed_standard_descriptors() -> None:
+    """A standard descriptor the caller closed (`serve >&-`) would be the next file opened: the
+    journal, which serving would then take for stdout and write answers into. Each closed one
+    is held on the null device instead (the lowest free descriptor is the one taken)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -98,7 +110,8 @@ def _flush_stdout(code: int, command: str) -> int:
     """Write what stdout still holds here, not at exit, where a closed pipe or a full disk
     would be a complaint from the interpreter and exit code 120."""
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: the caller started toolbus with stdout closed
+            sys.stdout.flush()
     except BrokenPipeError:
         return _reader_gone()
     except OSError as error:

@@ -565,3 +565,31 @@ def test_a_third_stop_signal_ends_toolbus_at_once(tmp_path: Path) -> None:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 128 + signal.SIGTERM
     assert "stopping at once on a third signal" in errors.read_text()
+
+
+def test_serve_with_stdout_closed_does_its_work_and_exits_cleanly(tmp_path: Path) -> None:
+    """`toolbus serve >&-`: the closed descriptor is not taken by the journal (answers written
+    into it), nor is it a traceback; the answers go nowhere, as the caller chose."""
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "save", "arguments": {"title": "t", "text": "x"}},
+        },
+    ]
+    journal = tmp_path / "journal.db"
+    done = subprocess.run(
+        toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock")),
+        input=b"".join(json.dumps(request).encode() + b"\n" for request in requests),
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        timeout=60,
+        preexec_fn=lambda: os.close(1),  # stdout closed, as `>&-` leaves it
+    )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert db.execute("SELECT tool, status FROM commands").fetchall() == [("save", "ok")]
