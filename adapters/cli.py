@@ -51,12 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _hold_closed_standard_descriptors() -> None:
     """A standard descriptor the caller closed (`serve >&-`) would be the next file opened: the
     journal, which serving would then take for stdout and write answers into. Each closed one
-    is held on the null device instead (the lowest free descriptor is the one taken)."""
-    for fd in (0, 1, 2):
+    holds the null device instead, and its stream (None, as Python left it) reads or writes it."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)
         except OSError:
-            os.open(os.devnull, os.O_RDWR)
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115 - for the process
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -110,8 +115,7 @@ def _flush_stdout(code: int, command: str) -> int:
     """Write what stdout still holds here, not at exit, where a closed pipe or a full disk
     would be a complaint from the interpreter and exit code 120."""
     try:
-        if sys.stdout is not None:  # None: the caller started toolbus with stdout closed
-            sys.stdout.flush()
+        sys.stdout.flush()
     except BrokenPipeError:
         return _reader_gone()
     except OSError as error:

@@ -567,7 +567,7 @@ def test_a_third_stop_signal_ends_toolbus_at_once(tmp_path: Path) -> None:
     assert "stopping at once on a third signal" in errors.read_text()
 
 
-def test_serve_with_stdout_closed_does_its_work_and_exits_cleanly(tmp_path: Path) -> None:
+def test_toolbus_with_a_standard_stream_closed_does_its_work_and_exits_cleanly(tmp_path: Path) -> None:
     """`toolbus serve >&-`: the closed descriptor is not taken by the journal (answers written
     into it), nor is it a traceback; the answers go nowhere, as the caller chose."""
     requests = [
@@ -593,3 +593,16 @@ def test_serve_with_stdout_closed_does_its_work_and_exits_cleanly(tmp_path: Path
     with contextlib.closing(sqlite3.connect(journal)) as db:
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert db.execute("SELECT tool, status FROM commands").fetchall() == [("save", "ok")]
+    cli = [sys.executable, "-m", "toolbus.adapters.cli"]
+    audit = subprocess.run(
+        [*cli, "audit", "--journal", str(journal)],
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert audit.returncode == 0 and audit.stderr == b"", audit.stderr  # its table went nowhere, as asked
+    usage = subprocess.run(
+        [*cli, "audit", "--bogus"], stdout=subprocess.PIPE, env=clean_env(), timeout=60, preexec_fn=lambda: os.close(2)
+    )
+    assert usage.returncode == 2 and usage.stdout == b""  # not onto stdout, the data's stream
