@@ -1095,9 +1095,9 @@ local function decide(id, action)
     return
   end
   view.decided = action
-  local text = nil
+  local text, was_modified = nil, false
   if action == 'accept' and api.nvim_buf_is_valid(view.proposal) then
-    text = buffer_text(view.proposal)
+    text, was_modified = buffer_text(view.proposal), vim.bo[view.proposal].modified
     vim.bo[view.proposal].modified = false
   end
   -- toolbus's connection may be gone (it then closes this view through a new one): keep the
@@ -1105,7 +1105,7 @@ local function decide(id, action)
   if not pcall(vim.rpcnotify, view.chan, 'toolbus_diff', { id = id, action = action, text = text }) then
     view.decided = false
     if text and api.nvim_buf_is_valid(view.proposal) then
-      vim.bo[view.proposal].modified = true
+      vim.bo[view.proposal].modified = was_modified
     end
     if next(api.nvim_get_chan_info(view.chan)) ~= nil then
       return -- not heard now, but its toolbus is there: it closes the view
@@ -1117,6 +1117,23 @@ local function decide(id, action)
       vim.notify('toolbus is no longer waiting for this diff: nothing was written', vim.log.levels.WARN)
     end
   end
+end
+
+-- `:w name` in a proposal: its text written to `name`, as Vim would write a buffer there (an
+-- existing file only with `!`), and no decision made.
+local function write_copy(buf, name)
+  if vim.uv.fs_stat(name) and vim.v.cmdbang == 0 then
+    vim.notify(('E13: File exists (add ! to override): %s'):format(name), vim.log.levels.ERROR)
+    return
+  end
+  local file, err = io.open(name, 'wb')
+  if not file then
+    vim.notify(('toolbus: cannot write %s: %s'):format(name, err), vim.log.levels.ERROR)
+    return
+  end
+  file:write(buffer_text(buf))
+  file:close()
+  vim.notify(('"%s" written: a copy of the proposal, still undecided'):format(name))
 end
 
 -- A new scratch buffer, added to `made` at once: wiped if the view cannot open.
@@ -1239,8 +1256,12 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   api.nvim_create_autocmd('BufWriteCmd', {
     group = group,
     buffer = proposal,
-    callback = function()
-      decide(id, 'accept')
+    callback = function(args)
+      if args.match == api.nvim_buf_get_name(proposal) then
+        decide(id, 'accept')
+      else -- `:w other.py`: a copy of the proposal, which stays undecided
+        write_copy(proposal, args.match)
+      end
     end,
   })
   -- :bd unloads it, :q or :tabclose wipes it ('bufhidden' is wipe): either is a no.

@@ -831,6 +831,9 @@ def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: 
     assert "stopped waiting for your decision on a.py: the diff is closed, nothing was written" in messages
     assert "stopped waiting for your decision on b.py: nothing was written; your edits stay in its tab" in messages
     assert nvim.lua("return { vim.bo.modified, vim.api.nvim_buf_get_lines(0, 0, -1, false) }") == [True, ["mine"]]
+    copy = tmp_path / "mine.py"
+    nvim.command(f"write {copy}")  # the edits saved elsewhere: a copy, no decision
+    assert copy.read_text() == "mine\n" and nvim.lua("return vim.bo.modified") is True
     nvim.command("write")  # accepting it now reaches nobody, and says so
     assert "no longer waiting for this diff: nothing was written" in nvim.lua(
         "return vim.api.nvim_exec2('messages', { output = true }).output"
