@@ -1059,6 +1059,11 @@ local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided
 local closed_early = {}
 local watch_for_orphans -- closes the views of a toolbus that has gone; defined with diff_close
 
+-- Whether the toolbus on channel `chan` has gone: nobody would hear a decision sent there.
+local function gone(chan)
+  return next(api.nvim_get_chan_info(chan)) == nil
+end
+
 -- `text` as buffer lines, whether it ends with a line break, and its 'fileformat': 'dos' when
 -- every line break in it is CRLF, 'mac' when every one is CR (its lines then hold no CR); nil
 -- for any other text, split at each LF.
@@ -1107,7 +1112,7 @@ local function decide(id, action)
     if text and api.nvim_buf_is_valid(view.proposal) then
       vim.bo[view.proposal].modified = was_modified
     end
-    if next(api.nvim_get_chan_info(view.chan)) ~= nil then
+    if not gone(view.chan) then
       return -- not heard now, but its toolbus is there: it closes the view
     elseif action == 'reject' then -- the user closed a view nobody waits for: the rest of it goes too
       vim.schedule(function()
@@ -1281,7 +1286,7 @@ function M.diff_open(id, chan, path, old_path, text, tab_name)
   -- A plugin's autocmd that waited (vim.wait, input()) let Neovim answer other requests while
   -- this one ran: toolbus may have given up on it, dropped its connection and asked to close
   -- the view before it existed. Nobody would hear its decision: take it down now.
-  if closed_early[id] or next(api.nvim_get_chan_info(chan)) == nil then
+  if closed_early[id] or gone(chan) then
     closed_early[id] = nil
     M.diff_close(id)
     return { status = 'refused', message = 'toolbus gave up on the view while it opened' }
@@ -1423,7 +1428,7 @@ local function tend_orphans()
   local watching = false
   for id, view in pairs(diffs) do
     local being_written = view.staged and writing[view.staged.buf]
-    if not view.orphaned and not being_written and next(api.nvim_get_chan_info(view.chan)) == nil then
+    if not view.orphaned and not being_written and gone(view.chan) then
       tend_orphan(id, view)
     end
     watching = watching or (diffs[id] ~= nil and not view.orphaned)
@@ -1432,9 +1437,7 @@ local function tend_orphans()
 end
 
 -- For closeAllDiffTabs: at once, rather than within the second the timer below may take.
-function M.diff_close_orphans()
-  tend_orphans()
-end
+M.diff_close_orphans = tend_orphans
 
 -- While a view is open, look for orphans now and then.
 local ORPHAN_CHECK_MS = 1000
