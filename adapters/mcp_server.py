@@ -9,8 +9,8 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import AsyncIterator
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp.types as types
@@ -23,6 +23,9 @@ from toolbus.adapters.answering import arguments_as_sent
 from toolbus.adapters.arrival import ArrivalOrder
 from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
 from toolbus.bus.messagebus import without_lone_surrogates
+
+if TYPE_CHECKING:
+    from toolbus.adapters.stdio import LineReader
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -192,18 +195,44 @@ ANSWERS_AFTER_EOF_S = 30.0
 
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
-    in closed): calls still running (an openDiff waiting for the user) are cancelled either
-    way, so they close their views and journal `cancelled`."""
+    in closed). At the end of stdin the calls under way are answered first, within
+    ANSWERS_AFTER_EOF_S; a signal reads as the end of stdin with no such wait. Either way the
+    calls still running (an openDiff waiting for the user) are then cancelled, so they close
+    their views and journal `cancelled`, and each is answered with an error."""
+    ending = _Ending()
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as listening:
-            serving = anyio.CancelScope()
-            listening.start_soon(_stop_on_signals, signals, serving)
-            with serving:
-                await _serve_stdio(server, arrivals)
+            listening.start_soon(_stop_on_signals, signals, ending.stop)
+            await _serve_stdio(server, arrivals, ending)
             listening.cancel_scope.cancel()
 
 
-async def _stop_on_signals(signals: AsyncIterator[int], serving: anyio.CancelScope) -> None:
+class _Ending:
+    """What a stop signal cuts short: the reading of stdin, and the wait for the last answers."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._input: LineReader | None = None
+        self._last_answers = anyio.CancelScope()
+
+    def reading(self, stdin: LineReader) -> None:
+        self._input = stdin
+        if self.stopped:
+            stdin.end()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._last_answers.cancel()
+        if self._input is not None:
+            self._input.end()
+
+    async def answers_owed(self, arrivals: ArrivalOrder) -> None:
+        """Once stdin has ended: the answers still owed, within ANSWERS_AFTER_EOF_S; none once stopped."""
+        with self._last_answers:
+            await arrivals.answered_all(ANSWERS_AFTER_EOF_S)
+
+
+async def _stop_on_signals(signals: AsyncIterator[int], stop: Callable[[], None]) -> None:
     """The first signal stops serving. Stopping takes a bounded time (views closed within the
     Neovim timeout, the last output drained within DRAIN_ON_EXIT_S), which a second signal (an
     impatient agent, a supervisor) does not cut short; a third ends toolbus at once, leaving
@@ -214,7 +243,7 @@ async def _stop_on_signals(signals: AsyncIterator[int], serving: anyio.CancelSco
         name = signal.Signals(number).name
         if received == 1:
             log.info("stopping on %s", name)
-            serving.cancel()
+            stop()
         elif received == 2:
             log.warning("still stopping (%s): closing diff views and journaling; a third signal stops at once", name)
         else:
@@ -222,14 +251,15 @@ async def _stop_on_signals(signals: AsyncIterator[int], serving: anyio.CancelSco
             os._exit(128 + number)
 
 
-async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
+async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder, ending: _Ending) -> None:
     from mcp.server.stdio import stdio_server
 
     from toolbus.adapters.answering import LineAnswerer
     from toolbus.adapters.stdio import event_loop_stdio
 
-    answerer = LineAnswerer(arrivals.arrived, functools.partial(arrivals.answered_all, ANSWERS_AFTER_EOF_S))
+    answerer = LineAnswerer(arrivals.arrived, functools.partial(ending.answers_owed, arrivals))
     async with event_loop_stdio() as (stdin, stdout):
+        ending.reading(stdin)
         # The SDK does the protocol work; the lines pass through toolbus on their way to it, so
         # that a line the SDK cannot parse still gets an answer.
         lines = answerer.lines(stdin)

@@ -56,6 +56,8 @@ class LineReader(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self._eof:  # ended by `end`: a chunk already on its way is left unread
+            return
         start = len(self._partial)
         self._partial += data
         end = self._partial.rfind(b"\n", start)
@@ -76,6 +78,15 @@ class LineReader(asyncio.Protocol):
         if exc is not None:  # the client is gone either way: end the session as at end of input
             log.warning("reading stdin failed (%s): ending the session", exc)
         self._finish()
+
+    def end(self) -> None:
+        """Read no further (toolbus is stopping): the consumer sees the end of input at once,
+        and the lines it has not taken are left unread, as are those still in the pipe."""
+        self._lines.clear()
+        self._partial.clear()
+        self._finish()
+        if self._transport is not None:
+            self._transport.pause_reading()
 
     def _finish(self) -> None:
         if self._partial:  # a last line without its newline is still a line

@@ -17,7 +17,7 @@ from mcp.types import CallToolResult
 
 from tests.conftest import NeovimProcess, json_of, text_of, toolbus
 from tests.faults_helpers import assert_reachable, assert_sound, journal_state, ready, rows, wait_until
-from tests.rpc_client import StdioServer, clean_env, toolbus_argv
+from tests.rpc_client import RpcError, StdioServer, clean_env, toolbus_argv
 from toolbus.adapters import nvim as nvim_adapter
 from toolbus.adapters.nvim import NvimAddress, NvimEditor
 from toolbus.bus import EditorTimeout, EditorUnavailable, ToolbusError
@@ -279,7 +279,8 @@ async def test_a_write_that_times_out_is_of_unknown_outcome_and_its_replaced_tex
 def test_a_save_cut_short_by_stopping_the_server_is_of_unknown_outcome_and_reached(
     journal_path: Path, nvim: NeovimProcess, files: Path
 ) -> None:
-    """SIGTERM while Neovim holds the write at a prompt: the call is finished, shielded, in doubt."""
+    """SIGTERM while Neovim holds the write at a prompt: the call is finished, shielded, in
+    doubt, and answered."""
     path = open_file(nvim, files)
     nvim.set_lines(path, ["value = 2"])
     attach_ui(nvim)
@@ -287,9 +288,11 @@ def test_a_save_cut_short_by_stopping_the_server_is_of_unknown_outcome_and_reach
     argv = toolbus_argv(journal_path, "--nvim-timeout", "30", nvim=nvim.address)
     with StdioServer(argv, env=clean_env()) as server:
         server.initialize()
-        server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(path)}})
+        save = server.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(path)}})
         anyio.run(wait_for_write_ahead, journal_path, "saveDocument")
         server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(RpcError, match="Connection closed"):
+            server.wait_for(save)
         assert server.process.wait(timeout=GENEROUS) == 0
     state = assert_sound(journal_path)
     assert [(c["status"], c["error"]) for c in state.commands] == [("in_doubt", CANCELLED)]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import JournalReader, NeovimProcess
-from tests.rpc_client import StdioServer, clean_env, toolbus_argv
+from tests.rpc_client import RpcError, StdioServer, clean_env, toolbus_argv
 
 PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 9 s
 
@@ -780,9 +780,11 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     path = tmp_path / "a.py"
     path.write_text("kept\n")
     with start_server(tmp_path, nvim) as alone:
-        propose(alone, path, "stopped\n", "stopped")
+        waiting = propose(alone, path, "stopped\n", "stopped")
         shown(nvim)
         alone.process.send_signal(stop)
+        with pytest.raises(RpcError, match="Connection closed"):  # answered all the same
+            alone.wait_for(waiting)
         assert alone.process.wait(timeout=10) == 0
     assert tabs(nvim) == 1
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
