@@ -469,8 +469,17 @@ class NvimEditor:
         return msgspec.convert(await self._lua("diff_stage", view, text), DiffStaged)
 
     async def close_diff(self, view: str) -> None:
-        if self._diffs.pop(view, None) is not None:
+        diff = self._diffs.pop(view, None)
+        if diff is None:
+            return
+        if diff.session.alive:
             await self._close_view(view)
+            return
+        # Its connection is gone (dropped after another request timed out): Neovim tends the
+        # view as one its toolbus left, which keeps a proposal the user edited, edits and all.
+        with contextlib.suppress(ToolbusError):
+            session = await self._connect()
+            _notify_lua(session, "diff_close_orphans")
 
     async def _close_view(self, view: str) -> None:
         """Close a view in Neovim, best effort: through a new connection if its own is gone
@@ -482,7 +491,7 @@ class NvimEditor:
             # is free; a notification, on a connection kept open, does.
             with contextlib.suppress(ToolbusError):
                 session = await self._connect()
-                session.notify("nvim_exec_lua", _lua_notification("diff_close"), (view,))
+                _notify_lua(session, "diff_close", view)
         except (ToolbusError, NvimRequestError):
             pass
 
@@ -495,9 +504,8 @@ class NvimEditor:
         for view in closing:
             await self.close_diff(view)
         if tab_name is None and self._session is not None and self._session.alive:
-            # Views a killed toolbus left open, closed as a notification: never a wait, nor an
-            # error, for a Neovim that is busy or at a prompt. Not counted: they were not waiting here.
-            self._session.notify("nvim_exec_lua", _lua_notification("diff_close_orphans"), ())
+            # Views a killed toolbus left open. Not counted: they were not waiting here.
+            _notify_lua(self._session, "diff_close_orphans")
         return len(closing)
 
     def forget_diff_tab(self, tab_name: str) -> bool:
@@ -593,7 +601,7 @@ class NvimEditor:
             # made since). Notifications, run in order: a busy Neovim runs them when free, and they
             # never time out or interrupt it.
             self._session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
-            self._session.notify("nvim_exec_lua", _lua_notification("connected"), (self._name,))
+            _notify_lua(self._session, "connected", self._name)
         return self._session
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
@@ -684,10 +692,12 @@ def _lua_call(function: str) -> str:
     return f"local m = _G[{LUA_MODULE!r}] if not m then return {_MISSING!r} end return m.{function}(...)"
 
 
-def _lua_notification(function: str) -> str:
-    """`_lua_call` for a notification: quiet when the module or the function is missing, since a
-    notification's error would show in the user's editor, and nobody waits for its answer."""
-    return f"local m = _G[{LUA_MODULE!r}] if m and m.{function} then m.{function}(...) end"
+def _notify_lua(session: _Session, function: str, *args: Any) -> None:
+    """Call toolbus's Lua `function` as a notification: never a wait, nor an error, for a Neovim
+    that is busy or at a prompt (it runs once free). Quiet when the module or the function is
+    missing, since a notification's error would show in the user's editor."""
+    code = f"local m = _G[{LUA_MODULE!r}] if m and m.{function} then m.{function}(...) end"
+    session.notify("nvim_exec_lua", code, args)
 
 
 async def _within(awaitable: Awaitable[T], timeout: float) -> T:

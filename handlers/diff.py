@@ -79,8 +79,9 @@ async def _propose_and_wait(
     if decision.action == "lost":
         raise EditorUnavailable(
             "Neovim went away while openDiff waited for the user's decision (or toolbus dropped its "
-            "connection after another request timed out): nothing was written, and the view is closed "
-            "if Neovim is still there. The proposal is kept in the journal (toolbus recover)"
+            "connection after another request timed out): nothing was written. If Neovim is still there, "
+            "the view closes once it is free, or stays open if the user edited the proposal. "
+            "The proposal is kept in the journal (toolbus recover)"
         )
     if decision.action == "reject":
         await context.commit(

@@ -92,6 +92,11 @@ def tabs(nvim: NeovimProcess) -> int:
     return int(nvim.lua("return #vim.api.nvim_list_tabpages()"))
 
 
+def messages(nvim: NeovimProcess) -> str:
+    """What Neovim has told the user (:messages)."""
+    return str(nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output"))
+
+
 def view_buffers(nvim: NeovimProcess) -> int:
     """How many buffers of diff views Neovim holds (listed or not)."""
     names = nvim.lua("return vim.tbl_map(vim.api.nvim_buf_get_name, vim.api.nvim_list_bufs())")
@@ -829,17 +834,15 @@ def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: 
         killed.process.kill()  # SIGKILL: it cannot close its views
         killed.process.wait(timeout=10)
     wait_until(lambda: tabs(nvim) == 2, "the killed toolbus's unedited view closed")
-    messages = nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output")
-    assert "stopped waiting for your decision on a.py: the diff is closed, nothing was written" in messages
-    assert "stopped waiting for your decision on b.py: nothing was written; your edits stay in its tab" in messages
+    said = messages(nvim)
+    assert "stopped waiting for your decision on a.py: the diff is closed, nothing was written" in said
+    assert "stopped waiting for your decision on b.py: nothing was written; your edits stay in its tab" in said
     assert nvim.lua("return { vim.bo.modified, vim.api.nvim_buf_get_lines(0, 0, -1, false) }") == [True, ["mine"]]
     copy = tmp_path / "mine.py"
     nvim.command(f"write {copy}")  # the edits saved elsewhere: a copy, no decision
     assert copy.read_text() == "mine\n" and nvim.lua("return vim.bo.modified") is True
     nvim.command("write")  # accepting it now reaches nobody, and says so
-    assert "no longer waiting for this diff: nothing was written" in nvim.lua(
-        "return vim.api.nvim_exec2('messages', { output = true }).output"
-    )
+    assert "no longer waiting for this diff: nothing was written" in messages(nvim)
     with start_server(tmp_path, nvim) as later:  # counts only the diffs that waited on it
         assert texts(later.call_tool("closeAllDiffTabs", {})) == ["CLOSED_0_DIFF_TABS"]
         later.call_tool("getOpenEditors", {})  # Neovim has run what closeAllDiffTabs sent before it
@@ -864,14 +867,18 @@ def test_an_accepted_view_whose_toolbus_died_during_its_write_is_written_closed_
         killed.process.wait(timeout=10)
     wait_until(lambda: tabs(nvim) == 1, "the view closed once written")
     assert path.read_text() == "x = 2\n"
-    messages = nvim.lua("return vim.api.nvim_exec2('messages', { output = true }).output")
-    assert messages.count("toolbus stopped while applying the change to a.py you accepted: check the file") == 1
+    said = messages(nvim)
+    assert said.count("toolbus stopped while applying the change to a.py you accepted: check the file") == 1
 
 
-def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp_path: Path) -> None:
-    nvim = NeovimProcess(tmp_path / "nvim")
-    path, blocking = tmp_path / "a.py", tmp_path / "b.py"
-    path.write_text("kept\n")
+def test_the_diffs_whose_connection_a_timeout_dropped_end_and_an_edited_view_stays(tmp_path: Path) -> None:
+    """Another call times out and toolbus drops its connection, with it the decisions it waited
+    for: each call ends, nothing written; an unedited view closes, through a new connection, and
+    one whose proposal the user edited stays open, edits and all."""
+    nvim = NeovimProcess(tmp_path / "nvim")  # its own: the view it keeps would be in the others' way
+    path, edited, blocking = tmp_path / "a.py", tmp_path / "c.py", tmp_path / "b.py"
+    for kept in (path, edited):
+        kept.write_text("kept\n")
     blocking.write_text("b\n")
     try:
         with start_server(tmp_path, nvim) as alone:
@@ -880,13 +887,21 @@ def test_a_diff_whose_connection_a_timeout_dropped_ends_with_its_view_closed(tmp
             nvim.command("autocmd BufWritePre b.py call input('a prompt inside the save> ')")
             request = propose(alone, path, "never\n", "dropped")
             shown(nvim)
+            mine = propose(alone, edited, "proposed\n", "edited")
+            wait_until(lambda: shown(nvim).endswith("c.py (proposed)"), "the second view opened")
+            nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'mine' })")
             save = alone.send_request("tools/call", {"name": "saveDocument", "arguments": {"filePath": str(blocking)}})
             assert alone.wait_for(save, deadline=10)["isError"]  # timed out: toolbus dropped the connection
-            result = alone.wait_for(request, deadline=10)
-            assert result["isError"] and "nothing was written" in texts(result)[0]
-            wait_until(lambda: tabs(nvim) == 1, "the view closed through a new connection", timeout=10)
+            for result in alone.wait_for_all([request, mine], deadline=10):
+                assert result["isError"] and "nothing was written" in texts(result)[0]
+                assert "stays open if the user edited the proposal" in texts(result)[0]
+            wait_until(lambda: tabs(nvim) == 2, "the unedited view closed through a new connection", timeout=10)
+            said = "toolbus stopped waiting for your decision on c.py: nothing was written; your edits stay in its tab"
+            wait_until(lambda: said in messages(nvim), said)
+        assert shown(nvim).endswith("c.py (proposed)")
+        assert nvim.lua("return { vim.bo.modified, vim.api.nvim_buf_get_lines(0, 0, -1, false) }") == [True, ["mine"]]
     finally:
         nvim.kill()
-    assert path.read_text() == "kept\n"
+    assert path.read_text() == edited.read_text() == "kept\n"
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "dropped")
     assert command["status"] == "failed" and [e["type"] for e in events] == ["DiffProposed"]
