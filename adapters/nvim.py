@@ -472,11 +472,11 @@ class NvimEditor:
         diff = self._diffs.pop(view, None)
         if diff is None:
             return
-        if diff.session.alive:
+        if diff.decision is None or diff.decision.action != "lost":
             await self._close_view(view)
             return
-        # Its connection is gone (dropped after another request timed out): Neovim tends the
-        # view as one its toolbus left, which keeps a proposal the user edited, edits and all.
+        # Its connection went while it waited (dropped after another request timed out): Neovim
+        # tends the view as one its toolbus left, which keeps a proposal the user edited.
         with contextlib.suppress(ToolbusError):
             session = await self._connect()
             _notify_lua(session, "diff_close_orphans")

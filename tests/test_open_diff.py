@@ -442,14 +442,17 @@ def test_the_user_is_back_in_their_tab_page_once_the_view_closes(
 ) -> None:
     path = files / "a.py"
     nvim.command("tabnew | tabnew | tabfirst")
-    for action, answer in (("write", "FILE_SAVED"), ("quit", "DIFF_REJECTED")):
-        request = propose(server, path, f"{action}\n", action)
-        shown(nvim)
-        assert nvim.lua("return vim.fn.tabpagenr()") == 2  # the view's, after the user's
-        nvim.command(action)
-        assert texts(server.wait_for(request))[0] == answer
-        wait_until(lambda: tabs(nvim) == 3, "the view closed")
-        assert nvim.lua("return vim.fn.tabpagenr()") == 1
+    try:
+        for action, answer in (("write", "FILE_SAVED"), ("quit", "DIFF_REJECTED")):
+            request = propose(server, path, f"{action}\n", action)
+            shown(nvim)
+            assert nvim.lua("return vim.fn.tabpagenr()") == 2  # the view's, after the user's
+            nvim.command(action)
+            assert texts(server.wait_for(request))[0] == answer
+            wait_until(lambda: tabs(nvim) == 3, "the view closed")
+            assert nvim.lua("return vim.fn.tabpagenr()") == 1
+    finally:
+        nvim.command("tabonly")  # the Neovim is the module's: the tests after this one expect one tab page
 
 
 def test_a_new_file_is_created_on_accept(
@@ -699,6 +702,7 @@ def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_
     it would abort the write and leave its tab page behind."""
     path = files / "a.py"
     nvim.edit(path)
+    told = messages(nvim).count("toolbus stopped")
     with held_write(nvim, path), start_server(tmp_path, nvim, nvim_timeout=1) as alone:
         request = propose(alone, path, "x = 1\ny = 3\n", "timed out after a cancel")
         cancel_while_written(alone, nvim, request)
@@ -710,6 +714,7 @@ def test_a_cancelled_call_whose_accepted_write_times_out_is_in_doubt_and_closes_
         wait_until(lambda: tabs(nvim) == 1, "the view closed")
     assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
     assert diff_buffers(nvim) == []
+    assert messages(nvim).count("toolbus stopped") == told  # closed by toolbus, which is still there
 
 
 def test_an_accept_whose_write_is_in_doubt_keeps_the_text_the_user_accepted(tmp_path: Path) -> None:
