@@ -25,7 +25,7 @@ from toolbus.bus import Bus, Caller, Command, Reply, TextItems, ToolbusError
 from toolbus.bus.messagebus import without_lone_surrogates
 
 if TYPE_CHECKING:
-    from toolbus.adapters.stdio import LineReader
+    from toolbus.adapters.stdio import LineReader, LineWriter
 
 log = logging.getLogger("toolbus.mcp")
 _json = msgspec.json.Encoder()
@@ -196,9 +196,11 @@ ANSWERS_AFTER_EOF_S = 30.0
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
     in closed). At the end of stdin the calls under way are answered first, within
-    ANSWERS_AFTER_EOF_S; a signal reads as the end of stdin with no such wait. Either way the
-    calls still running (an openDiff waiting for the user) are then cancelled, so they close
-    their views and journal `cancelled`, and each is answered with an error."""
+    ANSWERS_AFTER_EOF_S; a signal reads as the end of stdin with no such wait, and output waits
+    on the client no more. Either way the calls still running (an openDiff waiting for the user)
+    are then cancelled, so they close their views and journal `cancelled`, and the SDK answers
+    each with an error; not a call that finishes shielded (an accepted diff's write), whose
+    answer the SDK drops under the cancellation: the journal has its outcome."""
     ending = _Ending()
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as listening:
@@ -208,23 +210,30 @@ async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
 
 
 class _Ending:
-    """What a stop signal cuts short: the reading of stdin, and the wait for the last answers."""
+    """What a stop signal cuts short: the reading of stdin, the wait for the last answers, and
+    any wait on a client that does not read (the SDK's read loop itself may be waiting to write)."""
 
     def __init__(self) -> None:
-        self.stopped = False
-        self._input: LineReader | None = None
+        self._stopped = False
+        self._wire: tuple[LineReader, LineWriter] | None = None
         self._last_answers = anyio.CancelScope()
 
-    def reading(self, stdin: LineReader) -> None:
-        self._input = stdin
-        if self.stopped:
-            stdin.end()
+    def serving(self, stdin: LineReader, stdout: LineWriter) -> None:
+        self._wire = (stdin, stdout)
+        if self._stopped:
+            self._end_wire()
 
     def stop(self) -> None:
-        self.stopped = True
+        self._stopped = True
         self._last_answers.cancel()
-        if self._input is not None:
-            self._input.end()
+        if self._wire is not None:
+            self._end_wire()
+
+    def _end_wire(self) -> None:
+        assert self._wire is not None
+        stdin, stdout = self._wire
+        stdin.end()
+        stdout.release()
 
     async def answers_owed(self, arrivals: ArrivalOrder) -> None:
         """Once stdin has ended: the answers still owed, within ANSWERS_AFTER_EOF_S; none once stopped."""
@@ -259,7 +268,7 @@ async def _serve_stdio(server: Server[Any], arrivals: ArrivalOrder, ending: _End
 
     answerer = LineAnswerer(arrivals.arrived, functools.partial(ending.answers_owed, arrivals))
     async with event_loop_stdio() as (stdin, stdout):
-        ending.reading(stdin)
+        ending.serving(stdin, stdout)
         # The SDK does the protocol work; the lines pass through toolbus on their way to it, so
         # that a line the SDK cannot parse still gets an answer.
         lines = answerer.lines(stdin)

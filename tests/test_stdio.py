@@ -24,6 +24,7 @@ from typing import IO, Any, cast
 
 import pytest
 
+from tests.faults_helpers import wait_until
 from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
 from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter, _ThreadFeed
 
@@ -463,9 +464,33 @@ def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(
                 client.shutdown(socket.SHUT_WR)
                 assert server.wait(timeout=60) == 0
     assert "the client did not read the last" in errors.read_text()
+    assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
+
+
+def journaled(journal: Path) -> list[tuple[str, str]]:
+    """Each command's tool and status, in order."""
     with contextlib.closing(sqlite3.connect(journal)) as db:
-        rows = db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
-    assert rows == [("save", "ok"), ("get_observations", "ok")]
+        return db.execute("SELECT tool, status FROM commands ORDER BY id").fetchall()
+
+
+def test_a_stop_signal_ends_toolbus_while_an_answer_waits_on_a_client_that_does_not_read(tmp_path: Path) -> None:
+    """The big answer fills the pipe, and the SDK's read loop itself waits to write (the answer
+    to an unreadable line): a stop signal still ends toolbus, after the bounded drain."""
+    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
+    with errors.open("wb") as stderr:
+        server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
+    assert server.stdin is not None and server.stdout is not None
+    with server.stdin, server.stdout:
+        server.stdin.write(requests_with_a_big_last_answer())
+        server.stdin.flush()
+        wait_until(lambda: journal.exists() and len(journaled(journal)) == 2, timeout=30)  # the big answer is out
+        server.stdin.write(b"not json\n")
+        server.stdin.flush()
+        wait_until(lambda: "answered an unreadable line" in errors.read_text(), timeout=30)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    assert "the client did not read the last" in errors.read_text()
 
 
 @contextlib.contextmanager
