@@ -1053,7 +1053,9 @@ end
 -- user thinks): `:w` (or :ToolbusAccept) accepts, closing the proposal (or :ToolbusReject)
 -- rejects.
 
-local diffs = {} -- view id -> { chan, path, disk, tab, proposal, shown, decided (the action), orphaned }
+-- view id -> { chan, path, disk, tab, proposal, shown, decided (the action), was_modified (the
+-- proposal's, when accepted), staged, orphaned }
+local diffs = {}
 -- Ids of views asked to close when they were not open: one still opening is taken down when
 -- it is (a few bytes for each id closed twice, for a Neovim session).
 local closed_early = {}
@@ -1104,6 +1106,7 @@ local function decide(id, action)
   if action == 'accept' and api.nvim_buf_is_valid(view.proposal) then
     text, was_modified = buffer_text(view.proposal), vim.bo[view.proposal].modified
     vim.bo[view.proposal].modified = false
+    view.was_modified = was_modified
   end
   -- toolbus's connection may be gone (it then closes this view through a new one): keep the
   -- view undecided rather than raise in the user's face.
@@ -1409,6 +1412,14 @@ end
 local function tend_orphan(id, view)
   local name = vim.fs.basename(view.path)
   local message
+  if view.decided == 'accept' and not view.staged then
+    -- Sent on a connection already closing, or heard by a toolbus that went before acting on
+    -- it: nothing was written. The view is as it was before the decision.
+    view.decided = false
+    if api.nvim_buf_is_valid(view.proposal) then
+      vim.bo[view.proposal].modified = view.was_modified
+    end
+  end
   if view.decided == 'accept' then -- toolbus heard it, and stopped while it applied it
     message = ('toolbus stopped while applying the change to %s you accepted: check the file'):format(name)
   elseif api.nvim_buf_is_valid(view.proposal) and vim.bo[view.proposal].modified then

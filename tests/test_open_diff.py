@@ -858,6 +858,43 @@ def test_the_views_of_a_killed_toolbus_close_but_the_users_edits_stay(tmp_path: 
     assert untouched.read_text() == edited.read_text() == "kept\n"
 
 
+# Kills toolbus (pid `...`) and, before Neovim has read that its connection closed, accepts the
+# proposal of the current window with :w: the decision goes to a channel nobody reads.
+KILL_THEN_ACCEPT = """
+local pid = ...
+vim.uv.kill(pid, 'sigkill')
+local stat, deadline = nil, vim.uv.hrtime() + 10e9
+repeat
+  vim.uv.sleep(10)
+  local file = io.open('/proc/' .. pid .. '/stat')
+  stat = file and file:read('*a') or ''
+  if file then file:close() end
+until stat == '' or stat:match('^%d+ %b() Z') or vim.uv.hrtime() > deadline
+vim.cmd('write')
+"""
+
+
+def test_an_accept_no_toolbus_heard_is_no_decision_and_keeps_the_users_edits(tmp_path: Path) -> None:
+    nvim = NeovimProcess(tmp_path / "nvim")  # its own: the view it keeps would be in the others' way
+    path = tmp_path / "a.py"
+    path.write_text("kept\n")
+    try:
+        with start_server(tmp_path, nvim) as killed:
+            propose(killed, path, "proposed\n", "unheard")
+            shown(nvim)
+            nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'mine' })")
+            nvim.lua(KILL_THEN_ACCEPT, killed.pid)
+            killed.process.wait(timeout=10)
+        said = "toolbus stopped waiting for your decision on a.py: nothing was written; your edits stay in its tab"
+        wait_until(lambda: said in messages(nvim), said)
+        assert "you accepted" not in messages(nvim)
+        assert nvim.lua("return { vim.bo.modified, vim.api.nvim_buf_get_lines(0, 0, -1, false) }") == [True, ["mine"]]
+        assert tabs(nvim) == 2
+    finally:
+        nvim.kill()
+    assert path.read_text() == "kept\n"
+
+
 def test_an_accepted_view_whose_toolbus_died_during_its_write_is_written_closed_and_said_once(
     tmp_path: Path, nvim: NeovimProcess
 ) -> None:
