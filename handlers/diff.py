@@ -2,7 +2,8 @@
 
 One request opens the view; the proposal is committed at once; then the call waits, with no
 time limit, for the user's decision, which Neovim sends as a notification. Meanwhile the calls
-after it go on (`HandlerContext.waiting`). The view is closed however the call ends.
+after it go on (`HandlerContext.waiting`). The view is closed however the call ends, but a
+proposal the user edited whose decision was lost with toolbus's connection: that one stays.
 """
 
 from __future__ import annotations

@@ -254,7 +254,9 @@ class Editor(Protocol):
         ...
 
     async def close_diff(self, view: str) -> None:
-        """Close a view (deciding nothing), if it is still there. Never raises."""
+        """Close a view (deciding nothing), if it is still there; one whose decision was lost
+        with its connection is left to the editor, which keeps a proposal the user edited.
+        Never raises."""
         ...
 
     async def close_diffs(self, tab_name: str | None, by: DiffCloser) -> int:
