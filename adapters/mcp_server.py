@@ -196,8 +196,9 @@ ANSWERS_AFTER_EOF_S = 30.0
 async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     """Serve until stdin ends or a SIGTERM, SIGINT or SIGHUP (the terminal or pane the agent ran
     in closed). At the end of stdin the calls under way are answered first, within
-    ANSWERS_AFTER_EOF_S; a signal reads as the end of stdin with no such wait, and output waits
-    on the client no more. Either way the calls still running (an openDiff waiting for the user)
+    ANSWERS_AFTER_EOF_S, to a client that still takes its output (see `event_loop_stdio`); a
+    signal reads as the end of stdin with no such wait, and output waits on the client no more.
+    Either way the calls still running (an openDiff waiting for the user)
     are then cancelled, so they close their views and journal `cancelled`, and the SDK answers
     each with an error; not a call that finishes shielded (an accepted diff's write), whose
     answer the SDK drops under the cancellation: the journal has its outcome."""

@@ -36,7 +36,8 @@ _Delivered = TypeVar("_Delivered")
 
 # Complete lines held before reading pauses: the server takes one message at a time.
 MAX_PENDING_LINES = 64
-# How long a server on its way out waits for the client to take the output it still holds.
+# How long a server on its way out waits for the client to take the output it still holds; and,
+# once stdin has ended, how long output may wait untaken before the client is taken for gone.
 DRAIN_ON_EXIT_S = 5.0
 
 
@@ -49,6 +50,7 @@ class LineReader(asyncio.Protocol):
         self._lines: collections.deque[str] = collections.deque()
         self._eof = False
         self._arrived = asyncio.Event()  # lines or the end came since the consumer last looked
+        self._ended = asyncio.Event()
         self._transport: asyncio.ReadTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,6 +96,11 @@ class LineReader(asyncio.Protocol):
             self._partial.clear()
         self._eof = True
         self._arrived.set()
+        self._ended.set()
+
+    async def ended(self) -> None:
+        """Returns once nothing more will come: the end of input, or `end`."""
+        await self._ended.wait()
 
     def __aiter__(self) -> LineReader:
         return self
@@ -121,6 +128,8 @@ class LineWriter(asyncio.Protocol):
         self._closed = asyncio.Event()
         self._lost: BaseException | None = None
         self._released = False  # serving is over: flushes no longer wait for the client
+        self._takes = 0  # times the client had taken all there was
+        self.abandoned = False  # the client was taken for gone: closing waits for it no more
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
@@ -131,6 +140,7 @@ class LineWriter(asyncio.Protocol):
             self._drained.clear()
 
     def resume_writing(self) -> None:
+        self._takes += 1
         self._drained.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -153,6 +163,17 @@ class LineWriter(asyncio.Protocol):
         closing gives the client a bounded time to take."""
         self._released = True
         self._drained.set()
+
+    async def abandon_when_stalled(self, patience: float) -> None:
+        """Once the client can send nothing more, output it leaves untaken for `patience`
+        seconds says it has gone as well: released (the SDK's read loop may be the one waiting
+        to write, unable to read on to the end of input) and abandoned."""
+        while not self._released:
+            takes = self._takes
+            await asyncio.sleep(patience)
+            if not self._drained.is_set() and self._takes == takes:
+                self.abandoned = True
+                self.release()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -211,12 +232,14 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
     itself; anything else (a file, a terminal, a socket) a daemon thread reads or writes, in
     blocking mode: the non-blocking mode the loop needs would be the shell's terminal's too, and
     asyncio takes a socket that turns readable under stdout (the same socket as stdin, as inetd
-    and socat give, or a client's half-close) for a closed one."""
+    and socat give, or a client's half-close) for a closed one. Once stdin has ended, a client
+    that leaves output untaken for DRAIN_ON_EXIT_S is taken for gone."""
     loop = asyncio.get_running_loop()
     wire_in, wire_out = _Wire(0), _Wire(1)
     reader, writer = LineReader(), LineWriter()
     read: asyncio.ReadTransport | None = None
     write: asyncio.WriteTransport | None = None
+    watching: asyncio.Future[None] | None = None
     try:
         if _is_pipe(wire_in.private):
             read, _ = await loop.connect_read_pipe(lambda: reader, wire_in.stream("rb"))
@@ -227,14 +250,23 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
             write.set_write_buffer_limits(high=0)  # flush() returns once the pipe has every byte
         else:
             write = _ThreadSink(_private_copy(wire_out.private), writer, loop)
+        watching = asyncio.ensure_future(_abandon_a_client_gone_silent(reader, writer))
         yield reader, writer
     finally:
+        if watching is not None:
+            watching.cancel()
         if read is not None:
             read.close()
         if write is not None:
             await _close_writing(write, writer)
         wire_in.give_back()
         wire_out.give_back()
+
+
+async def _abandon_a_client_gone_silent(reader: LineReader, writer: LineWriter) -> None:
+    """A client that has closed stdin and takes no output for DRAIN_ON_EXIT_S has gone."""
+    await reader.ended()
+    await writer.abandon_when_stalled(DRAIN_ON_EXIT_S)
 
 
 class _ThreadFeed(asyncio.ReadTransport):
@@ -391,8 +423,9 @@ async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) 
     """Close stdout once the client has what is still buffered (a reply whose flush was cut
     short by shutdown), waiting a bounded time even when shutdown is a cancellation."""
     transport.close()
-    with anyio.CancelScope(shield=True), anyio.move_on_after(DRAIN_ON_EXIT_S):
-        await writer.wait_closed()
+    if not writer.abandoned or not transport.get_write_buffer_size():  # an abandoned client had its time
+        with anyio.CancelScope(shield=True), anyio.move_on_after(DRAIN_ON_EXIT_S):
+            await writer.wait_closed()
     if not writer.closed:
         log.warning("the client did not read the last %d bytes of output", transport.get_write_buffer_size())
         transport.abort()

@@ -493,6 +493,28 @@ def test_a_stop_signal_ends_toolbus_while_an_answer_waits_on_a_client_that_does_
     assert "the client did not read the last" in errors.read_text()
 
 
+def test_a_client_that_closes_stdin_and_takes_no_output_while_the_read_loop_waits_to_write(
+    tmp_path: Path,
+) -> None:
+    """The big answer fills the pipe and the SDK's read loop itself waits to write (the answer
+    to an unreadable line), so it never reads the end of stdin: toolbus still sees the client
+    has gone, gives it the bounded time, and exits; what it did stays journaled."""
+    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
+    with errors.open("wb") as stderr:
+        server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
+    assert server.stdin is not None and server.stdout is not None
+    with server.stdout:
+        server.stdin.write(requests_with_a_big_last_answer())
+        server.stdin.flush()
+        wait_until(lambda: journal.exists() and len(journaled(journal)) == 2, timeout=30)  # the big answer is out
+        server.stdin.write(b"not json\n")
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0
+    assert "the client did not read the last" in errors.read_text()
+    assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
+
+
 @contextlib.contextmanager
 def quiet_stdin(kind: str) -> Iterator[tuple[int, Callable[[bytes], None], Callable[[], None]]]:
     """A stdin that is not a pipe (`socket`: as a Node agent's socketpair; `terminal`), as the
