@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import JournalReader, NeovimProcess
-from tests.rpc_client import RpcError, StdioServer, clean_env, toolbus_argv
+from tests.rpc_client import RpcError, ServerGone, StdioServer, clean_env, toolbus_argv
 
 PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 9 s
 
@@ -680,6 +680,10 @@ def test_a_call_cancelled_while_its_accept_is_written_lets_the_write_finish(
         command, events = last_diff(JournalReader(tmp_path / "journal.db"), "cancelled while written")
         assert (command["status"], [e["type"] for e in events]) == ("ok", ["DiffProposed", "DiffAccepted"])
         wait_until(lambda: tabs(nvim) == 1, "the view closed")
+        assert alone.process.stdin is not None
+        alone.process.stdin.close()
+        with pytest.raises(ServerGone):  # a call its client cancelled is not answered
+            alone.wait_for(request)
     assert path.read_text() == "x = 1\ny = 3\n" and not nvim.modified(path)
     assert diff_buffers(nvim) == []
 
@@ -800,6 +804,32 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped")
     assert command["status"] == "cancelled" and [e["type"] for e in events] == ["DiffProposed"]
     assert path.read_text() == "kept\n"
+
+
+def test_a_server_stopped_while_an_accepted_diff_is_written_answers_it_once_written(
+    tmp_path: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """The user has accepted and the write waits in a slow BufWritePre when toolbus is told to
+    stop: the write is not cut short, and the call gets its answer, once, before toolbus exits."""
+    path, errors = files / "a.py", tmp_path / "stderr"
+    nvim.edit(path)
+    argv = toolbus_argv(tmp_path / "journal.db", "--nvim-timeout", "60", "-v", nvim=nvim.address)
+    with held_write(nvim, path), StdioServer(argv, stderr=errors) as stopped:
+        stopped.initialize()
+        request = propose(stopped, path, "x = 1\ny = 3\n", "stopped while written")
+        shown(nvim)
+        nvim.command("write")
+        wait_until(lambda: nvim.lua("return vim.g.writing"), "the accepted text is being written")
+        stopped.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping on SIGTERM" in errors.read_text(), "toolbus began to stop")
+        nvim.lua("vim.g.release = true")
+        assert texts(stopped.wait_for(request)) == ["FILE_SAVED", "x = 1\ny = 3\n"]
+        with pytest.raises(ServerGone):  # and no second answer (wait_for would return it)
+            stopped.wait_for(request)
+        assert stopped.process.wait(timeout=10) == 0, errors.read_text()
+    command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped while written")
+    assert (command["status"], [e["type"] for e in events]) == ("ok", ["DiffProposed", "DiffAccepted"])
+    assert path.read_text() == "x = 1\ny = 3\n"
 
 
 def test_a_second_stop_signal_does_not_cut_short_the_end_of_a_diff_on_a_busy_neovim(
