@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +40,6 @@ class ArrivalOrder:
         self._waiting: dict[RequestId, None] = {}  # insertion-ordered: arrival order
         self._started: set[RequestId] = set()  # took their turn: under way
         self._cancelled: set[RequestId] = set()  # cancelled by the client before their turn
-        # Tool calls in their turn, and those of them the client cancelled (the SDK's keys).
-        self._in_turn: set[RequestId] = set()
-        self._withdrawn: set[RequestId] = set()
         # Made by the first call that waits, set and dropped when one leaves: most calls find
         # nobody before them, and should not pay for an event per call.
         self._moved: anyio.Event | None = None
@@ -51,10 +47,6 @@ class ArrivalOrder:
         # Counted: the SDK runs two requests of one id ("7" and 7 too) side by side.
         self._unanswered: collections.Counter[RequestId] = collections.Counter()
         self._answered: anyio.Event | None = None
-        self._answers: _AnswerWatch | None = None  # the way out, once serving has begun
-
-    # How long the answer to a call cut short by the end of the session may wait on the client.
-    LATE_ANSWER_S = 1.0
 
     def arrived(self, message: Any) -> None:
         """Note a message from the client, in the order they come."""
@@ -66,8 +58,6 @@ class ArrivalOrder:
             request_id = (message.params or {}).get("requestId")
             if isinstance(request_id, int | str) and not isinstance(request_id, bool):
                 self.settled(request_id)  # a cancelled request is not answered
-                if (key := coerce_request_id(request_id)) in self._in_turn:
-                    self._withdrawn.add(key)
             if isinstance(request_id, int | str) and request_id in self._waiting and request_id not in self._started:
                 # Marked before the SDK sees the notice: woken by `left`, it must not run meanwhile.
                 self._cancelled.add(request_id)
@@ -108,17 +98,12 @@ class ArrivalOrder:
     async def turn(self, request_id: RequestId | None) -> AsyncIterator[Callable[[], Awaitable[None]]]:
         """For the length of a call: what waits until every editor call that arrived before it
         has finished (at once for any other call)."""
-        key = None if request_id is None else coerce_request_id(request_id)
-        if key is not None:
-            self._in_turn.add(key)
         try:
             yield lambda: self._take_turn(request_id)
         finally:
-            if request_id is not None and key is not None:
+            if request_id is not None:
                 self._started.discard(request_id)
                 self._cancelled.discard(request_id)
-                self._in_turn.discard(key)
-                self._withdrawn.discard(key)
                 self.left(request_id)
 
     async def _take_turn(self, request_id: RequestId | None) -> None:
@@ -137,27 +122,7 @@ class ArrivalOrder:
 
     def answers(self, write: WriteStream[SessionMessage]) -> WriteStream[SessionMessage]:
         """`write`, noting each answer that goes out: its call holds back no one any more."""
-        self._answers = _AnswerWatch(write, self)
-        return self._answers
-
-    def cut_short(self, request_id: RequestId | None) -> bool:
-        """Within its `turn`: the call is finishing under a cancellation its client did not send.
-        The session is ending, and the call's work went on to its end, shielded."""
-        cancelled = anyio.current_effective_deadline() == -math.inf
-        return cancelled and request_id is not None and coerce_request_id(request_id) not in self._withdrawn
-
-    async def answer_cut_short(self, request_id: RequestId | None, result: types.Result) -> None:
-        """Answer a call that the end of the session cancelled once its work could no longer
-        stop (an accepted diff's write, shielded) and that then finished: the SDK answers a
-        cancelled call only while it still runs. Within LATE_ANSWER_S: the client may not read."""
-        if self._answers is None or request_id is None:
-            return
-        message = types.JSONRPCResponse(
-            jsonrpc="2.0", id=request_id, result=result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        )
-        gone = (anyio.ClosedResourceError, anyio.BrokenResourceError)
-        with anyio.move_on_after(self.LATE_ANSWER_S, shield=True), contextlib.suppress(*gone):
-            await self._answers.send(SessionMessage(message=message))
+        return _AnswerWatch(write, self)
 
     def _is_ordered_call(self, request: types.JSONRPCRequest) -> bool:
         params = request.params

@@ -128,7 +128,7 @@ class LineWriter(asyncio.Protocol):
         self._closed = asyncio.Event()
         self._lost: BaseException | None = None
         self._released = False  # serving is over: flushes no longer wait for the client
-        self._takes = 0  # times the client had taken all there was
+        self._given = 0  # bytes handed to the transport
         self.abandoned = False  # the client was taken for gone: closing waits for it no more
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,7 +140,6 @@ class LineWriter(asyncio.Protocol):
             self._drained.clear()
 
     def resume_writing(self) -> None:
-        self._takes += 1
         self._drained.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -151,7 +150,9 @@ class LineWriter(asyncio.Protocol):
     async def write(self, text: str) -> None:
         self._check()
         assert self._transport is not None
-        self._transport.write(text.encode())
+        data = text.encode()
+        self._given += len(data)
+        self._transport.write(data)
 
     async def flush(self) -> None:
         await self._drained.wait()  # an Event: a cancelled flush leaves it intact for the next
@@ -165,15 +166,21 @@ class LineWriter(asyncio.Protocol):
         self._drained.set()
 
     async def abandon_when_stalled(self, patience: float) -> None:
-        """Once the client can send nothing more, output it leaves untaken for `patience`
-        seconds says it has gone as well: released (the SDK's read loop may be the one waiting
-        to write, unable to read on to the end of input) and abandoned."""
+        """Once the client can send nothing more, output waiting for `patience` seconds with
+        not a byte of it taken says it has gone as well: released (the SDK's read loop may be
+        the one waiting to write, unable to read on to the end of input) and abandoned. A client
+        still reading, however slowly, is not."""
         while not self._released:
-            takes = self._takes
+            taken = self._taken()
             await asyncio.sleep(patience)
-            if not self._drained.is_set() and self._takes == takes:
+            if not self._drained.is_set() and self._taken() == taken:
                 self.abandoned = True
                 self.release()
+
+    def _taken(self) -> int:
+        """Bytes the transport has passed on (to the pipe, or written from its thread)."""
+        waiting = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        return self._given - waiting
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -341,6 +348,9 @@ def _read_blocking(fd: int) -> bytes:
             select.select([fd], [], [])
 
 
+_WRITE_AT_MOST = 1 << 16
+
+
 class _ThreadSink(asyncio.WriteTransport):
     """Blocking writes to `fd` by a daemon thread, for a `LineWriter`, which it pauses while any
     bytes wait (as a pipe transport with no buffer allowance does): a flush returns once the
@@ -385,12 +395,15 @@ class _ThreadSink(asyncio.WriteTransport):
 
     def _run(self) -> None:
         while (data := self._chunks.get()) is not None:
-            try:
-                _write_all(self._fd, data)
-            except OSError as error:  # the client closed its end
-                _on_loop(self._loop, self._end, error)
-                return
-            _on_loop(self._loop, self._written, len(data))
+            view = memoryview(data)
+            while view:  # each part written is told: a client reading slowly is reading
+                try:
+                    written = _write_some(self._fd, view)
+                except OSError as error:  # the client closed its end
+                    _on_loop(self._loop, self._end, error)
+                    return
+                view = view[written:]
+                _on_loop(self._loop, self._written, written)
 
     def _written(self, size: int) -> None:
         self._waiting -= size
@@ -409,12 +422,13 @@ class _ThreadSink(asyncio.WriteTransport):
         self._writer.connection_lost(error)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` to `fd`, waiting for room even if the descriptor is in non-blocking mode."""
-    view = memoryview(data)
-    while view:
+def _write_some(fd: int, data: memoryview) -> int:
+    """Write what `fd` takes of the start of `data` (at least a byte, at most a pipe's worth:
+    a blocking write returns only once it has written all it was given), waiting for room
+    even if the descriptor is in non-blocking mode."""
+    while True:
         try:
-            view = view[os.write(fd, view) :]
+            return os.write(fd, data[:_WRITE_AT_MOST])
         except BlockingIOError:
             select.select([], [fd], [])
 

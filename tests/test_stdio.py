@@ -26,7 +26,7 @@ import pytest
 
 from tests.faults_helpers import wait_until
 from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
-from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter, _ThreadFeed
+from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter, _ThreadFeed, _ThreadSink
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio
@@ -94,16 +94,27 @@ async def test_reading_pauses_while_lines_wait_and_resumes_when_taken(feed: str)
 
 
 @asynccontextmanager
-async def writing() -> AsyncIterator[tuple[LineWriter, int]]:
-    """A LineWriter on a pipe; yields it and the pipe's read end."""
+async def writing(feed: str = "event loop") -> AsyncIterator[tuple[LineWriter, int]]:
+    """A LineWriter on a pipe, written by the event loop or by a thread of its own; yields it
+    and the pipe's read end."""
     read_end, write_end = os.pipe()
     writer = LineWriter()
-    transport, _ = await asyncio.get_running_loop().connect_write_pipe(lambda: writer, os.fdopen(write_end, "wb"))
-    transport.set_write_buffer_limits(high=0)
+    loop = asyncio.get_running_loop()
+    if feed == "thread":
+        transport: asyncio.WriteTransport = _ThreadSink(write_end, writer, loop)
+    else:
+        transport, _ = await loop.connect_write_pipe(lambda: writer, os.fdopen(write_end, "wb"))
+        transport.set_write_buffer_limits(high=0)
     try:
         yield writer, read_end
     finally:
-        transport.close()
+        if feed == "thread":  # it does not own the pipe, as it does not own stdout
+            os.close(read_end)  # its thread, if blocked writing, fails and stops
+            transport.close()
+            await asyncio.wait_for(writer.wait_closed(), 10)
+            os.close(write_end)
+        else:
+            transport.close()
         with contextlib.suppress(OSError):  # a test may have closed it
             os.close(read_end)
 
@@ -124,6 +135,29 @@ async def test_flush_waits_until_the_other_end_has_read_everything() -> None:
 
         await asyncio.gather(flushed, asyncio.to_thread(drain))
         assert received.decode() == text
+
+
+async def test_a_client_reading_slowly_is_not_taken_for_gone_and_one_that_stopped_is(feed: str) -> None:
+    """Once stdin has ended: output the client takes a little at a time, for far longer than
+    the patience, is still being read; output it takes none of is abandoned."""
+    size = 6_000_000
+    async with writing(feed) as (writer, read_end):
+        await writer.write("x" * size)
+        watching = asyncio.ensure_future(writer.abandon_when_stalled(0.5))
+
+        def read_slowly() -> None:
+            received = 0
+            while received < size:
+                received += len(os.read(read_end, 1 << 16))
+                time.sleep(0.02)
+
+        await asyncio.to_thread(read_slowly)
+        await writer.flush()
+        assert not writer.abandoned
+        await writer.write("y" * 1_000_000)  # and nobody reads it
+        await watching
+        assert writer.abandoned
+        await writer.flush()  # released: a flush no longer waits on the client
 
 
 async def test_a_reply_to_a_reader_that_has_gone_is_a_broken_pipe() -> None:
