@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import mcp.types as types
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
@@ -121,12 +123,20 @@ class ArrivalOrder:
             self._started.add(request_id)
 
     def answers(self, write: WriteStream[SessionMessage]) -> WriteStream[SessionMessage]:
-        """`write`, noting each answer that goes out: its call holds back no one any more."""
+        """`write`, noting each answer that goes out: its call holds back no one any more. An
+        answer the SDK writes from a cancelled scope goes out all the same, within LATE_ANSWER_S:
+        the SDK writes one there only for a call whose work went on, shielded, to its end (an
+        accepted diff's write) when the end of the session cancelled it, never for one its client
+        cancelled; and its own write would stop at its first checkpoint, having sent nothing."""
         return _AnswerWatch(write, self)
 
     def _is_ordered_call(self, request: types.JSONRPCRequest) -> bool:
         params = request.params
         return request.method == "tools/call" and isinstance(params, dict) and params.get("name") in self._ordered_tools
+
+
+# How long an answer to a call the end of the session cut short may wait on the client.
+LATE_ANSWER_S = 1.0
 
 
 class _AnswerWatch:
@@ -139,9 +149,19 @@ class _AnswerWatch:
         answered = answer.id if isinstance(answer, types.JSONRPCResponse | types.JSONRPCError) else None
         if answered is not None:
             self._order.left(answered)
+            if anyio.current_effective_deadline() == -math.inf:
+                await self._send_late(item, answered)
         await self._write.send(item)
         if answered is not None:
             self._order.settled(answered)
+
+    async def _send_late(self, item: SessionMessage, answered: RequestId) -> None:
+        """Send an answer past its call's cancellation, then raise that as the SDK expects."""
+        gone = (anyio.ClosedResourceError, anyio.BrokenResourceError)
+        with anyio.move_on_after(LATE_ANSWER_S, shield=True), contextlib.suppress(*gone):
+            await self._write.send(item)
+        self._order.settled(answered)
+        await anyio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
         await self._write.aclose()

@@ -134,11 +134,9 @@ def build_server(
                     asyncio.get_running_loop().create_task(_report_progress(ctx, token, arrived, interval))
                 )
 
-        cut_short = False  # the session ended while the call's work went on: the SDK will not answer
         try:
             async with arrivals.turn(ctx.request_id) as its_turn:
                 reply = await bus.handle(params.name, arguments_as_sent(params.arguments), caller, waiting, its_turn)
-                cut_short = arrivals.cut_short(ctx.request_id)
         except ToolbusError as error:
             result = types.CallToolResult(content=[types.TextContent(type="text", text=str(error))], is_error=True)
         else:
@@ -146,8 +144,6 @@ def build_server(
         finally:
             for reporter in reporters:
                 reporter.cancel()
-        if cut_short:
-            await arrivals.answer_cut_short(ctx.request_id, result)
         return result
 
     return Server("toolbus", version=version, on_list_tools=list_tools, on_call_tool=call_tool)
@@ -204,7 +200,8 @@ async def serve_stdio(server: Server[Any], arrivals: ArrivalOrder) -> None:
     signal reads as the end of stdin with no such wait, and output waits on the client no more.
     Either way the calls still running (an openDiff waiting for the user) are then cancelled,
     so they close their views and journal `cancelled`, and the SDK answers each with an error;
-    a call that finishes shielded (an accepted diff's write) is answered with its outcome."""
+    a call that finishes shielded (an accepted diff's write) is answered with its outcome
+    (`ArrivalOrder.answers`)."""
     ending = _Ending()
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as listening:

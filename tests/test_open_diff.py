@@ -634,23 +634,28 @@ def test_a_cancelled_call_closes_its_view_and_is_journaled_as_cancelled(
     journal.assert_gapless()
 
 
-# Writes of the file named by the argument wait in BufWritePre (as for a slow formatter) until
-# the test sets `release`; `writing` says one waits. An interrupt (<C-c>) ends a wait, not the hold.
+# Writes of the file named by the first argument wait in BufWritePre (as for a slow formatter)
+# until the test sets `release`, then fail if the second is true; `writing` says one waits. An
+# interrupt (<C-c>) ends a wait, not the hold.
 HOLD_WRITE = """
+local pattern, fail = ...
 local group = vim.api.nvim_create_augroup('toolbus_test_hold', { clear = true })
 vim.g.writing, vim.g.release = false, false
-vim.api.nvim_create_autocmd('BufWritePre', { group = group, pattern = ..., once = true, callback = function()
+vim.api.nvim_create_autocmd('BufWritePre', { group = group, pattern = pattern, once = true, callback = function()
   vim.g.writing = true
   while not vim.g.release do
     vim.wait(60000, function() return vim.g.release end)
+  end
+  if fail then
+    error('the hook refused the write')
   end
 end })
 """
 
 
 @contextlib.contextmanager
-def held_write(nvim: NeovimProcess, path: Path) -> Iterator[None]:
-    nvim.lua(HOLD_WRITE, str(path))
+def held_write(nvim: NeovimProcess, path: Path, *, then_fail: bool = False) -> Iterator[None]:
+    nvim.lua(HOLD_WRITE, str(path), then_fail)
     try:
         yield
     finally:
@@ -806,15 +811,16 @@ def test_a_server_stopped_while_a_diff_waits_closes_the_view_and_cancels_the_cal
     assert path.read_text() == "kept\n"
 
 
+@pytest.mark.parametrize("then_fail", [False, True], ids=["written", "refused-by-a-hook"])
 def test_a_server_stopped_while_an_accepted_diff_is_written_answers_it_once_written(
-    tmp_path: Path, nvim: NeovimProcess, files: Path
+    tmp_path: Path, nvim: NeovimProcess, files: Path, then_fail: bool
 ) -> None:
     """The user has accepted and the write waits in a slow BufWritePre when toolbus is told to
-    stop: the write is not cut short, and the call gets its answer, once, before toolbus exits."""
+    stop: the write is not cut short, and the call gets its outcome, once, before toolbus exits."""
     path, errors = files / "a.py", tmp_path / "stderr"
     nvim.edit(path)
     argv = toolbus_argv(tmp_path / "journal.db", "--nvim-timeout", "60", "-v", nvim=nvim.address)
-    with held_write(nvim, path), StdioServer(argv, stderr=errors) as stopped:
+    with held_write(nvim, path, then_fail=then_fail), StdioServer(argv, stderr=errors) as stopped:
         stopped.initialize()
         request = propose(stopped, path, "x = 1\ny = 3\n", "stopped while written")
         shown(nvim)
@@ -823,13 +829,18 @@ def test_a_server_stopped_while_an_accepted_diff_is_written_answers_it_once_writ
         stopped.process.send_signal(signal.SIGTERM)
         wait_until(lambda: "stopping on SIGTERM" in errors.read_text(), "toolbus began to stop")
         nvim.lua("vim.g.release = true")
-        assert texts(stopped.wait_for(request)) == ["FILE_SAVED", "x = 1\ny = 3\n"]
+        answer = texts(stopped.wait_for(request))
         with pytest.raises(ServerGone):  # and no second answer (wait_for would return it)
             stopped.wait_for(request)
         assert stopped.process.wait(timeout=10) == 0, errors.read_text()
     command, events = last_diff(JournalReader(tmp_path / "journal.db"), "stopped while written")
-    assert (command["status"], [e["type"] for e in events]) == ("ok", ["DiffProposed", "DiffAccepted"])
-    assert path.read_text() == "x = 1\ny = 3\n"
+    if then_fail:
+        assert "the hook refused the write" in answer[0]
+        assert (command["status"], [e["type"] for e in events]) == ("failed", ["DiffProposed", "DiffAcceptFailed"])
+    else:
+        assert answer == ["FILE_SAVED", "x = 1\ny = 3\n"]
+        assert (command["status"], [e["type"] for e in events]) == ("ok", ["DiffProposed", "DiffAccepted"])
+        assert path.read_text() == "x = 1\ny = 3\n"
 
 
 def test_a_second_stop_signal_does_not_cut_short_the_end_of_a_diff_on_a_busy_neovim(
