@@ -171,13 +171,13 @@ class LineWriter(asyncio.Protocol):
         the one waiting to write, unable to read on to the end of input) and abandoned. A client
         still reading, however slowly, is not."""
         while not self._released:
-            taken = self._taken()
+            taken = self.taken()
             await asyncio.sleep(patience)
-            if not self._drained.is_set() and self._taken() == taken:
+            if not self._drained.is_set() and self.taken() == taken:
                 self.abandoned = True
                 self.release()
 
-    def _taken(self) -> int:
+    def taken(self) -> int:
         """Bytes the transport has passed on (to the pipe, or written from its thread)."""
         waiting = self._transport.get_write_buffer_size() if self._transport is not None else 0
         return self._given - waiting
@@ -435,11 +435,17 @@ def _write_some(fd: int, data: memoryview) -> int:
 
 async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) -> None:
     """Close stdout once the client has what is still buffered (a reply whose flush was cut
-    short by shutdown), waiting a bounded time even when shutdown is a cancellation."""
+    short by shutdown), even when shutdown is a cancellation: for as long as the client keeps
+    taking bytes, until DRAIN_ON_EXIT_S pass with none taken."""
     transport.close()
     if not writer.abandoned or not transport.get_write_buffer_size():  # an abandoned client had its time
-        with anyio.CancelScope(shield=True), anyio.move_on_after(DRAIN_ON_EXIT_S):
-            await writer.wait_closed()
+        with anyio.CancelScope(shield=True):
+            while not writer.closed:  # a client still taking bytes, however slowly, gets them all
+                taken = writer.taken()
+                with anyio.move_on_after(DRAIN_ON_EXIT_S):
+                    await writer.wait_closed()
+                if writer.taken() == taken:
+                    break
     if not writer.closed:
         log.warning("the client did not read the last %d bytes of output", transport.get_write_buffer_size())
         transport.abort()

@@ -92,7 +92,7 @@ async def _propose_and_wait(
     # The user's decision is made: a cancellation from now on must not stop the write it asked
     # for (the view closed under a running :write aborts it, and leaves the file in doubt). The
     # call finishes it and journals what happened; a client that cancelled is not answered, a
-    # session that ended is (`ArrivalOrder.answer_cut_short`).
+    # session that ended is (`ArrivalOrder.answers`).
     # Each request to Neovim has its timeout, so the shield cannot hold for ever.
     with anyio.CancelScope(shield=True):
         written = await _accept(command, context, view, decision, proposal)
