@@ -39,6 +39,8 @@ MAX_PENDING_LINES = 64
 # How long a server on its way out waits for the client to take the output it still holds; and,
 # once stdin has ended, how long output may wait untaken before the client is taken for gone.
 DRAIN_ON_EXIT_S = 5.0
+# How often stdin, while its reading is paused, is checked for a client that has closed it.
+HANG_UP_CHECK_S = 1.0
 
 
 class LineReader(asyncio.Protocol):
@@ -89,6 +91,11 @@ class LineReader(asyncio.Protocol):
         self._finish()
         if self._transport is not None:
             self._transport.pause_reading()
+
+    @property
+    def paused(self) -> bool:
+        """Reading waits for the consumer: the end of input, if it came, is not seen until then."""
+        return self._transport is not None and not self._transport.is_reading()
 
     def _finish(self) -> None:
         if self._partial:  # a last line without its newline is still a line
@@ -257,7 +264,7 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
             write.set_write_buffer_limits(high=0)  # flush() returns once the pipe has every byte
         else:
             write = _ThreadSink(_private_copy(wire_out.private), writer, loop)
-        watching = asyncio.ensure_future(_abandon_a_client_gone_silent(reader, writer))
+        watching = asyncio.ensure_future(_abandon_a_client_gone_silent(reader, writer, wire_in.private))
         yield reader, writer
     finally:
         if watching is not None:
@@ -270,10 +277,30 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
         wire_out.give_back()
 
 
-async def _abandon_a_client_gone_silent(reader: LineReader, writer: LineWriter) -> None:
+async def _abandon_a_client_gone_silent(reader: LineReader, writer: LineWriter, stdin: int) -> None:
     """A client that has closed stdin and takes no output for DRAIN_ON_EXIT_S has gone."""
-    await reader.ended()
+    await _input_closed(reader, stdin)
     await writer.abandon_when_stalled(DRAIN_ON_EXIT_S)
+
+
+async def _input_closed(reader: LineReader, stdin: int) -> None:
+    """Returns once the client can send nothing more: the reader has seen the end of input, or,
+    while it has paused (the read loop may be the one waiting to write, with lines unread), the
+    client has closed its end of `stdin`."""
+    while True:
+        with anyio.move_on_after(HANG_UP_CHECK_S):
+            await reader.ended()
+            return
+        if reader.paused and _hung_up(stdin):
+            return
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the other end of `fd` (a pipe, socket or terminal) is closed, lines unread or not."""
+    poller = select.poll()
+    poller.register(fd, getattr(select, "POLLRDHUP", 0))  # a socket's half-close; hang-ups always count
+    hang_ups = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+    return any(events & hang_ups for _, events in poller.poll(0))
 
 
 class _ThreadFeed(asyncio.ReadTransport):

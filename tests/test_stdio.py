@@ -527,23 +527,44 @@ def test_a_stop_signal_ends_toolbus_while_an_answer_waits_on_a_client_that_does_
     assert "the client did not read the last" in errors.read_text()
 
 
+@pytest.mark.parametrize("wire", ["pipes", "socket"])
 def test_a_client_that_closes_stdin_and_takes_no_output_while_the_read_loop_waits_to_write(
-    tmp_path: Path,
+    tmp_path: Path, wire: str
 ) -> None:
-    """The big answer fills the pipe and the SDK's read loop itself waits to write (the answer
-    to an unreadable line), so it never reads the end of stdin: toolbus still sees the client
-    has gone, gives it the bounded time, and exits; what it did stays journaled."""
+    """The big answer fills the wire and the SDK's read loop itself waits to write (the answer
+    to an unreadable line), so it never reads the end of stdin, and more lines than it holds
+    unread stop it reading at all: toolbus still sees the client has gone, gives it the
+    bounded time, and exits; what it did stays journaled."""
     journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
     argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
-    with errors.open("wb") as stderr:
-        server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
-    assert server.stdin is not None and server.stdout is not None
-    with server.stdout:
-        server.stdin.write(requests_with_a_big_last_answer())
-        server.stdin.flush()
+    send: Callable[[bytes], None]
+    with contextlib.ExitStack() as stack:
+        stderr = stack.enter_context(errors.open("wb"))
+        if wire == "pipes":
+            server = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env()
+            )
+            assert server.stdin is not None and server.stdout is not None
+            stack.enter_context(server.stdout)
+            pipe = server.stdin
+
+            def send(data: bytes) -> None:
+                pipe.write(data)
+                pipe.flush()
+
+            close = pipe.close
+        else:
+            client, server_end = socket.socketpair()
+            stack.enter_context(client)
+            with server_end:
+                end = server_end.fileno()
+                server = subprocess.Popen(argv, stdin=end, stdout=end, stderr=stderr, env=clean_env())
+            send = client.sendall
+            close = functools.partial(client.shutdown, socket.SHUT_WR)
+        send(requests_with_a_big_last_answer())
         wait_until(lambda: journal.exists() and len(journaled(journal)) == 2, timeout=30)  # the big answer is out
-        server.stdin.write(b"not json\n")
-        server.stdin.close()
+        send(b"not json\n" * (1 + MAX_PENDING_LINES + 1))
+        close()
         assert server.wait(timeout=30) == 0
     assert "the client did not read the last" in errors.read_text()
     assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
