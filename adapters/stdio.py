@@ -134,7 +134,7 @@ class LineWriter(asyncio.Protocol):
         self._drained.set()
         self._closed = asyncio.Event()
         self._lost: BaseException | None = None
-        self._released = False  # serving is over: flushes no longer wait for the client
+        self._released = asyncio.Event()  # serving is over: flushes no longer wait for the client
         self._given = 0  # bytes handed to the transport
         self.abandoned = False  # the client was taken for gone: closing waits for it no more
 
@@ -143,7 +143,7 @@ class LineWriter(asyncio.Protocol):
         self._transport = transport
 
     def pause_writing(self) -> None:
-        if not self._released:
+        if not self._released.is_set():
             self._drained.clear()
 
     def resume_writing(self) -> None:
@@ -169,7 +169,7 @@ class LineWriter(asyncio.Protocol):
         """Serving is over: a flush (the SDK's writer waiting on a client that does not read)
         returns at once, so that closing can begin. The bytes stay with the transport, which
         closing gives the client a bounded time to take."""
-        self._released = True
+        self._released.set()
         self._drained.set()
 
     async def abandon_when_stalled(self, patience: float) -> None:
@@ -177,17 +177,43 @@ class LineWriter(asyncio.Protocol):
         not a byte of it taken says it has gone as well: released (the SDK's read loop may be
         the one waiting to write, unable to read on to the end of input) and abandoned. A client
         still reading, however slowly, is not."""
-        while not self._released:
-            taken = self.taken()
-            await asyncio.sleep(patience)
-            if not self._drained.is_set() and self.taken() == taken:
-                self.abandoned = True
-                self.release()
+        if await self._stalls(patience, self._released):
+            self.abandoned = True
+            self.release()
 
-    def taken(self) -> int:
+    async def drain_and_close(self, patience: float) -> None:
+        """Close stdout once the client has what is still buffered (a reply whose flush was cut
+        short by shutdown), even when shutdown is a cancellation: for as long as the client
+        keeps taking bytes, until `patience` seconds pass with none taken. An abandoned client
+        has had its time."""
+        assert self._transport is not None
+        self._transport.close()
+        if not (self.abandoned and self._waiting()):
+            with anyio.CancelScope(shield=True):
+                await self._stalls(patience, self._closed)
+        if not self.closed:
+            log.warning("the client did not read the last %d bytes of output", self._waiting())
+            self._transport.abort()
+
+    async def _stalls(self, patience: float, done: asyncio.Event) -> bool:
+        """Waits until `done`, or until output has waited `patience` seconds with not a byte of
+        it taken (whether it did). A client still reading, however slowly, has not stalled;
+        nor has one just handed output: a window counts only if output waited from its start."""
+        while not done.is_set():
+            taken, waited = self._taken(), self._waiting()
+            with anyio.move_on_after(patience):
+                await done.wait()
+            if waited and not done.is_set() and self._taken() == taken:
+                return True
+        return False
+
+    def _taken(self) -> int:
         """Bytes the transport has passed on (to the pipe, or written from its thread)."""
-        waiting = self._transport.get_write_buffer_size() if self._transport is not None else 0
-        return self._given - waiting
+        return self._given - self._waiting()
+
+    def _waiting(self) -> int:
+        """Bytes handed to the transport that it has not passed on."""
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -272,7 +298,7 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
         if read is not None:
             read.close()
         if write is not None:
-            await _close_writing(write, writer)
+            await writer.drain_and_close(DRAIN_ON_EXIT_S)
         wire_in.give_back()
         wire_out.give_back()
 
@@ -375,7 +401,7 @@ def _read_blocking(fd: int) -> bytes:
             select.select([fd], [], [])
 
 
-_WRITE_AT_MOST = 1 << 16
+_WRITE_AT_MOST = 1 << 14  # reported part by part: a client reading 3 KB/s is still reading
 
 
 class _ThreadSink(asyncio.WriteTransport):
@@ -450,29 +476,11 @@ class _ThreadSink(asyncio.WriteTransport):
 
 
 def _write_some(fd: int, data: memoryview) -> int:
-    """Write what `fd` takes of the start of `data` (at least a byte, at most a pipe's worth:
-    a blocking write returns only once it has written all it was given), waiting for room
+    """Write what `fd` takes of the start of `data` (at least a byte, at most _WRITE_AT_MOST: a
+    blocking write returns only once it has written all it was given), waiting for room
     even if the descriptor is in non-blocking mode."""
     while True:
         try:
             return os.write(fd, data[:_WRITE_AT_MOST])
         except BlockingIOError:
             select.select([], [fd], [])
-
-
-async def _close_writing(transport: asyncio.WriteTransport, writer: LineWriter) -> None:
-    """Close stdout once the client has what is still buffered (a reply whose flush was cut
-    short by shutdown), even when shutdown is a cancellation: for as long as the client keeps
-    taking bytes, until DRAIN_ON_EXIT_S pass with none taken."""
-    transport.close()
-    if not writer.abandoned or not transport.get_write_buffer_size():  # an abandoned client had its time
-        with anyio.CancelScope(shield=True):
-            while not writer.closed:  # a client still taking bytes, however slowly, gets them all
-                taken = writer.taken()
-                with anyio.move_on_after(DRAIN_ON_EXIT_S):
-                    await writer.wait_closed()
-                if writer.taken() == taken:
-                    break
-    if not writer.closed:
-        log.warning("the client did not read the last %d bytes of output", transport.get_write_buffer_size())
-        transport.abort()

@@ -160,6 +160,31 @@ async def test_a_client_reading_slowly_is_not_taken_for_gone_and_one_that_stoppe
         await writer.flush()  # released: a flush no longer waits on the client
 
 
+async def test_closing_gives_a_client_reading_slowly_all_of_its_output(
+    feed: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Output still buffered when serving ends reaches a client that takes it a little at a
+    time, for far longer than the patience; a client that takes none has it dropped."""
+    size = 3_000_000
+    async with writing(feed) as (writer, read_end):
+        await writer.write("x" * size)
+
+        def read_slowly() -> int:
+            received = 0
+            while received < size and (chunk := os.read(read_end, 1 << 16)):  # till all, or the end
+                received += len(chunk)
+                time.sleep(0.02)
+            return received
+
+        reading = asyncio.ensure_future(asyncio.to_thread(read_slowly))
+        await writer.drain_and_close(0.3)
+        assert writer.closed and await reading == size and not caplog.records
+    async with writing(feed) as (writer, read_end):
+        await writer.write("y" * 1_000_000)  # and nobody reads it
+        await writer.drain_and_close(0.3)
+    assert "the client did not read the last" in caplog.text
+
+
 async def test_a_reply_to_a_reader_that_has_gone_is_a_broken_pipe() -> None:
     async with writing() as (writer, read_end):
         os.close(read_end)
