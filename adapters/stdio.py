@@ -39,6 +39,8 @@ MAX_PENDING_LINES = 64
 # How long a server on its way out waits for the client to take the output it still holds; and,
 # once stdin has ended, how long output may wait untaken before the client is taken for gone.
 DRAIN_ON_EXIT_S = 5.0
+# How many times in its patience a writer looks whether the client took any output.
+STALL_CHECKS = 5
 # How often stdin, while its reading is paused, is checked for a client that has closed it.
 HANG_UP_CHECK_S = 1.0
 
@@ -197,13 +199,19 @@ class LineWriter(asyncio.Protocol):
 
     async def _stalls(self, patience: float, done: asyncio.Event) -> bool:
         """Waits until `done`, or until output has waited `patience` seconds with not a byte of
-        it taken (whether it did). A client still reading, however slowly, has not stalled;
-        nor has one just handed output: a window counts only if output waited from its start."""
+        it taken (whether it did). A client still reading, however slowly, has not stalled. The
+        wait is counted from the first look (every `patience` / STALL_CHECKS) that finds output
+        waiting with none taken since the last: never from before it was handed over."""
+        taken, stalled_since = self._taken(), None
         while not done.is_set():
-            taken, waited = self._taken(), self._waiting()
-            with anyio.move_on_after(patience):
+            with anyio.move_on_after(patience / STALL_CHECKS):
                 await done.wait()
-            if waited and not done.is_set() and self._taken() == taken:
+            now = anyio.current_time()
+            if self._taken() != taken or not self._waiting():
+                taken, stalled_since = self._taken(), None
+            elif stalled_since is None:
+                stalled_since = now
+            elif now - stalled_since >= patience and not done.is_set():
                 return True
         return False
 
