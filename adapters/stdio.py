@@ -24,6 +24,7 @@ import os
 import queue
 import select
 import stat
+import struct
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -130,8 +131,9 @@ class LineWriter(asyncio.Protocol):
     """stdout as a text file with `async write` and `async flush`. Flush waits until the pipe
     has taken everything, so a client that stops reading holds up replies, not memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, unread: Callable[[], int] = lambda: 0) -> None:
         self._transport: asyncio.WriteTransport | None = None
+        self._unread = unread  # bytes passed on that the client has not read yet (in the pipe)
         self._drained = asyncio.Event()  # the pipe holds nothing of ours
         self._drained.set()
         self._closed = asyncio.Event()
@@ -207,7 +209,7 @@ class LineWriter(asyncio.Protocol):
             with anyio.move_on_after(patience / STALL_CHECKS):
                 await done.wait()
             now = anyio.current_time()
-            if self._taken() != taken or not self._waiting():
+            if self._taken() != taken or not self._untaken():
                 taken, stalled_since = self._taken(), None
             elif stalled_since is None:
                 stalled_since = now
@@ -216,8 +218,11 @@ class LineWriter(asyncio.Protocol):
         return False
 
     def _taken(self) -> int:
-        """Bytes the transport has passed on (to the pipe, or written from its thread)."""
-        return self._given - self._waiting()
+        """What the client has read: it changes (only) as the client reads."""
+        return self._given - self._untaken()
+
+    def _untaken(self) -> int:
+        return self._waiting() + self._unread()
 
     def _waiting(self) -> int:
         """Bytes handed to the transport that it has not passed on."""
@@ -242,6 +247,27 @@ def _decode(line: bytes | bytearray) -> str:
 
 def _is_pipe(fd: int) -> bool:
     return stat.S_ISFIFO(os.fstat(fd).st_mode)
+
+
+def _unread_counter(fd: int) -> Callable[[], int]:
+    """What tells how much written to `fd` its reader has not read yet: a pipe's content
+    (FIONREAD, which Linux answers on the write end too), a socket's or a terminal's output
+    queue (TIOCOUTQ; a socket's counts the memory its bytes take). A client reading slowly
+    empties these a little at a time, whereas a writer waiting on them is woken only once
+    there is room for a page, or a socket's buffer is down to a quarter. 0 where it cannot be
+    told."""
+    import fcntl  # POSIX only, as is everything that calls this
+    import termios
+
+    request = termios.FIONREAD if _is_pipe(fd) else termios.TIOCOUTQ
+
+    def unread() -> int:
+        try:
+            return int(struct.unpack("i", fcntl.ioctl(fd, request, b"\0" * 4))[0])
+        except OSError:
+            return 0
+
+    return unread
 
 
 def _private_copy(fd: int) -> int:
@@ -284,7 +310,7 @@ async def event_loop_stdio() -> AsyncIterator[tuple[LineReader, LineWriter]]:
     that leaves output untaken for DRAIN_ON_EXIT_S is taken for gone."""
     loop = asyncio.get_running_loop()
     wire_in, wire_out = _Wire(0), _Wire(1)
-    reader, writer = LineReader(), LineWriter()
+    reader, writer = LineReader(), LineWriter(unread=_unread_counter(wire_out.private))
     read: asyncio.ReadTransport | None = None
     write: asyncio.WriteTransport | None = None
     watching: asyncio.Future[None] | None = None
@@ -330,7 +356,10 @@ async def _input_closed(reader: LineReader, stdin: int) -> None:
 
 
 def _hung_up(fd: int) -> bool:
-    """Whether the other end of `fd` (a pipe, socket or terminal) is closed, lines unread or not."""
+    """Whether the other end of `fd` (a pipe, socket or terminal) is closed, lines unread or not;
+    a file holds all it ever will."""
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return True
     poller = select.poll()
     poller.register(fd, getattr(select, "POLLRDHUP", 0))  # a socket's half-close; hang-ups always count
     hang_ups = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -409,7 +438,9 @@ def _read_blocking(fd: int) -> bytes:
             select.select([fd], [], [])
 
 
-_WRITE_AT_MOST = 1 << 14  # reported part by part: a client reading 3 KB/s is still reading
+# A socket's output queue goes down only as whole writes are read, so parts of a page show a
+# client reading slowly to be reading (a pipe's content goes down with every read).
+_WRITE_AT_MOST = 1 << 12
 
 
 class _ThreadSink(asyncio.WriteTransport):
@@ -457,7 +488,7 @@ class _ThreadSink(asyncio.WriteTransport):
     def _run(self) -> None:
         while (data := self._chunks.get()) is not None:
             view = memoryview(data)
-            while view:  # each part written is told: a client reading slowly is reading
+            while view:  # each part written is told as it goes
                 try:
                     written = _write_some(self._fd, view)
                 except OSError as error:  # the client closed its end
@@ -484,9 +515,8 @@ class _ThreadSink(asyncio.WriteTransport):
 
 
 def _write_some(fd: int, data: memoryview) -> int:
-    """Write what `fd` takes of the start of `data` (at least a byte, at most _WRITE_AT_MOST: a
-    blocking write returns only once it has written all it was given), waiting for room
-    even if the descriptor is in non-blocking mode."""
+    """Write what `fd` takes of the start of `data` (at least a byte, at most _WRITE_AT_MOST),
+    waiting for room even if the descriptor is in non-blocking mode."""
     while True:
         try:
             return os.write(fd, data[:_WRITE_AT_MOST])

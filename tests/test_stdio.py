@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -26,7 +27,15 @@ import pytest
 
 from tests.faults_helpers import wait_until
 from tests.rpc_client import PROTOCOL_VERSION, clean_env, toolbus_argv
-from toolbus.adapters.stdio import MAX_PENDING_LINES, LineReader, LineWriter, _ThreadFeed, _ThreadSink
+from toolbus.adapters.stdio import (
+    MAX_PENDING_LINES,
+    LineReader,
+    LineWriter,
+    _hung_up,
+    _ThreadFeed,
+    _ThreadSink,
+    _unread_counter,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio
@@ -94,11 +103,11 @@ async def test_reading_pauses_while_lines_wait_and_resumes_when_taken(feed: str)
 
 
 @asynccontextmanager
-async def writing(feed: str = "event loop") -> AsyncIterator[tuple[LineWriter, int]]:
-    """A LineWriter on a pipe, written by the event loop or by a thread of its own; yields it
-    and the pipe's read end."""
-    read_end, write_end = os.pipe()
-    writer = LineWriter()
+async def writing(feed: str = "event loop", wire: str = "pipe") -> AsyncIterator[tuple[LineWriter, int]]:
+    """A LineWriter on a pipe (or, written by a thread, a socket), written by the event loop or
+    by a thread of its own; yields it and the wire's read end."""
+    read_end, write_end = os.pipe() if wire == "pipe" else (s.detach() for s in socket.socketpair())
+    writer = LineWriter(unread=_unread_counter(write_end))
     loop = asyncio.get_running_loop()
     if feed == "thread":
         transport: asyncio.WriteTransport = _ThreadSink(write_end, writer, loop)
@@ -108,7 +117,7 @@ async def writing(feed: str = "event loop") -> AsyncIterator[tuple[LineWriter, i
     try:
         yield writer, read_end
     finally:
-        if feed == "thread":  # it does not own the pipe, as it does not own stdout
+        if feed == "thread":  # it does not own the wire, as it does not own stdout
             os.close(read_end)  # its thread, if blocked writing, fails and stops
             transport.close()
             await asyncio.wait_for(writer.wait_closed(), 10)
@@ -158,6 +167,71 @@ async def test_a_client_reading_slowly_is_not_taken_for_gone_and_one_that_stoppe
         await watching
         assert writer.abandoned
         await writer.flush()  # released: a flush no longer waits on the client
+
+
+@pytest.mark.parametrize(
+    ("feed", "wire", "size", "read_at_once"),
+    [("event loop", "pipe", 20_000, 256), ("thread", "socket", 300_000, 2048)],
+)
+async def test_a_client_reading_a_little_at_a_time_is_still_reading(
+    feed: str, wire: str, size: int, read_at_once: int
+) -> None:
+    """A writer waiting on a full pipe is woken only once a page is free, one on a socket once
+    its buffer is down to a quarter: a client reading steadily, but too slowly for either within
+    the patience, is seen to read by what it takes out of the wire."""
+    async with writing(feed, wire) as (writer, read_end):
+        if wire == "pipe":
+            fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, 4096)  # one page: 16 reads free it
+        await writer.write("x" * size)
+        watching = asyncio.ensure_future(writer.abandon_when_stalled(0.2))
+
+        def read_slowly() -> None:
+            received = 0
+            while received < size:
+                received += len(os.read(read_end, read_at_once))
+                time.sleep(0.02)
+
+        await asyncio.to_thread(read_slowly)
+        await writer.flush()
+        assert not writer.abandoned
+        watching.cancel()
+
+
+def test_stdin_has_hung_up_once_the_client_can_send_nothing_more() -> None:
+    read_end, write_end = os.pipe()
+    other_writer = os.dup(write_end)
+    os.write(write_end, b"unread\n")
+    os.close(write_end)
+    assert not _hung_up(read_end)  # another writer still has it
+    os.close(other_writer)
+    assert _hung_up(read_end)  # lines unread or not
+    os.close(read_end)
+    client_does: list[tuple[Callable[[socket.socket], None], bool]] = [
+        (lambda client: None, False),
+        (lambda client: client.shutdown(socket.SHUT_RD), False),
+        (lambda client: client.shutdown(socket.SHUT_WR), True),
+        (socket.socket.close, True),
+    ]
+    for done_by_client, hung_up in client_does:
+        ours, client = socket.socketpair()
+        with ours, client:
+            client.sendall(b"unread\n")
+            done_by_client(client)
+            ours.shutdown(socket.SHUT_WR)  # toolbus's own end closing is not the client's hang-up
+            assert _hung_up(ours.fileno()) is hung_up
+    controller, terminal = os.openpty()
+    os.write(controller, b"unread\n")
+    assert not _hung_up(terminal)
+    os.close(controller)
+    assert _hung_up(terminal)
+    os.close(terminal)
+
+
+def test_a_file_as_stdin_holds_all_it_ever_will(tmp_path: Path) -> None:
+    """Nothing more can come: with its reading paused, it counts as ended."""
+    (tmp_path / "requests").write_bytes(b"line\n")
+    with (tmp_path / "requests").open("rb") as file:
+        assert _hung_up(file.fileno())
 
 
 async def test_closing_gives_a_client_reading_slowly_all_of_its_output(
