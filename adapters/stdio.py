@@ -202,19 +202,21 @@ class LineWriter(asyncio.Protocol):
     async def _stalls(self, patience: float, done: asyncio.Event) -> bool:
         """Waits until `done`, or until output has waited `patience` seconds with not a byte of
         it taken (whether it did). A client still reading, however slowly, has not stalled. The
-        wait is counted from the first look (every `patience` / STALL_CHECKS) that finds output
-        waiting with none taken since the last: never from before it was handed over."""
-        taken, stalled_since = self._taken(), None
+        wait is timed from the last look (every `patience` / STALL_CHECKS) that found the client
+        had taken some, or output newly waiting: never from before it was handed over."""
+        taken = self._taken()
+        since = anyio.current_time() if self._untaken() else None
         while not done.is_set():
             with anyio.move_on_after(patience / STALL_CHECKS):
                 await done.wait()
-            now = anyio.current_time()
-            if self._taken() != taken or not self._untaken():
-                taken, stalled_since = self._taken(), None
-            elif stalled_since is None:
-                stalled_since = now
-            elif now - stalled_since >= patience and not done.is_set():
+            now, taken_now = anyio.current_time(), self._taken()
+            if not self._untaken():
+                since = None
+            elif taken_now != taken or since is None:
+                since = now
+            elif now - since >= patience and not done.is_set():
                 return True
+            taken = taken_now
         return False
 
     def _taken(self) -> int:
@@ -251,11 +253,11 @@ def _is_pipe(fd: int) -> bool:
 
 def _unread_counter(fd: int) -> Callable[[], int]:
     """What tells how much written to `fd` its reader has not read yet: a pipe's content
-    (FIONREAD, which Linux answers on the write end too), a socket's or a terminal's output
-    queue (TIOCOUTQ; a socket's counts the memory its bytes take). A client reading slowly
-    empties these a little at a time, whereas a writer waiting on them is woken only once
-    there is room for a page, or a socket's buffer is down to a quarter. 0 where it cannot be
-    told."""
+    (FIONREAD, which Linux answers on the write end too), a socket's output queue (TIOCOUTQ,
+    which counts the memory its bytes take). A client reading slowly empties these a little at
+    a time, whereas a writer waiting on them is woken only once there is room for a page, or a
+    socket's buffer is down to a quarter. 0 where it cannot be told (a terminal's is always
+    0: a client reading one slowly shows only as writes return)."""
     import fcntl  # POSIX only, as is everything that calls this
     import termios
 
@@ -455,7 +457,8 @@ class _ThreadSink(asyncio.WriteTransport):
         self._writer = writer
         self._loop = loop
         self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # None: stop
-        self._waiting = 0  # bytes handed to the thread and not yet written (touched on the loop only)
+        self._handed = 0  # bytes handed to the thread (touched on the loop only)
+        self._written = 0  # bytes the thread has written (touched by the thread only)
         self._closing = False
         self._lost = False
         writer.connection_made(self)
@@ -464,13 +467,15 @@ class _ThreadSink(asyncio.WriteTransport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or not data:
             return
-        if not self._waiting:
+        if not self.get_write_buffer_size():
             self._writer.pause_writing()
-        self._waiting += len(data)
+        self._handed += len(data)
         self._chunks.put(bytes(data))
 
     def get_write_buffer_size(self) -> int:
-        return self._waiting
+        """Read on the loop as the thread writes: each part counts once written, and the loop
+        is woken once a chunk is, not for each part."""
+        return self._handed - self._written
 
     def is_closing(self) -> bool:
         return self._closing
@@ -478,7 +483,7 @@ class _ThreadSink(asyncio.WriteTransport):
     def close(self) -> None:
         """Closed once the thread has written what waits."""
         self._closing = True
-        if not self._waiting:
+        if not self.get_write_buffer_size():
             self._end(None)
 
     def abort(self) -> None:
@@ -488,18 +493,18 @@ class _ThreadSink(asyncio.WriteTransport):
     def _run(self) -> None:
         while (data := self._chunks.get()) is not None:
             view = memoryview(data)
-            while view:  # each part written is told as it goes
+            while view:
                 try:
                     written = _write_some(self._fd, view)
                 except OSError as error:  # the client closed its end
                     _on_loop(self._loop, self._end, error)
                     return
                 view = view[written:]
-                _on_loop(self._loop, self._written, written)
+                self._written += written
+            _on_loop(self._loop, self._chunk_written, None)
 
-    def _written(self, size: int) -> None:
-        self._waiting -= size
-        if self._waiting:
+    def _chunk_written(self, _: None) -> None:
+        if self.get_write_buffer_size():
             return
         if self._closing:
             self._end(None)
