@@ -669,6 +669,22 @@ def test_a_client_that_closes_stdin_and_takes_no_output_while_the_read_loop_wait
     assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
 
 
+def test_a_file_as_stdin_whose_lines_reading_has_paused_on_ends_a_session_nobody_reads(tmp_path: Path) -> None:
+    """The same with stdin a file: reading pauses on lines the read loop, waiting to write
+    (their answers are more than the pipe holds), cannot take, and nothing more can come.
+    toolbus gives the client the bounded time and exits."""
+    journal, errors, requests = tmp_path / "journal.db", tmp_path / "stderr", tmp_path / "requests"
+    requests.write_bytes(requests_with_a_big_last_answer() + b"not json\n" * 20_000)
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
+    with requests.open("rb") as stdin, errors.open("wb") as stderr:
+        server = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
+    assert server.stdout is not None
+    with server.stdout:
+        assert server.wait(timeout=30) == 0
+    assert "the client did not read the last" in errors.read_text()
+    assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
+
+
 @contextlib.contextmanager
 def quiet_stdin(kind: str) -> Iterator[tuple[int, Callable[[bytes], None], Callable[[], None]]]:
     """A stdin that is not a pipe (`socket`: as a Node agent's socketpair; `terminal`), as the
