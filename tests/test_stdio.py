@@ -674,7 +674,7 @@ def test_a_file_as_stdin_whose_lines_reading_has_paused_on_ends_a_session_nobody
     (their answers are more than the pipe holds), cannot take, and nothing more can come.
     toolbus gives the client the bounded time and exits."""
     journal, errors, requests = tmp_path / "journal.db", tmp_path / "stderr", tmp_path / "requests"
-    requests.write_bytes(requests_with_a_big_last_answer() + b"not json\n" * 20_000)
+    requests.write_bytes(requests_with_a_big_last_answer() + b"not json\n" * 2_000)
     argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
     with requests.open("rb") as stdin, errors.open("wb") as stderr:
         server = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, env=clean_env())
