@@ -133,7 +133,7 @@ class LineWriter(asyncio.Protocol):
 
     def __init__(self, unread: Callable[[], int] = lambda: 0) -> None:
         self._transport: asyncio.WriteTransport | None = None
-        self._unread = unread  # bytes passed on that the client has not read yet (in the pipe)
+        self._unread = unread  # what the client has not read of what was passed on (in the wire)
         self._drained = asyncio.Event()  # the pipe holds nothing of ours
         self._drained.set()
         self._closed = asyncio.Event()
