@@ -247,7 +247,7 @@ def test_any_arguments_to_any_tool_get_a_well_formed_answer(session: Session, jo
 
 @pytest.mark.heavy
 def test_many_more_arguments(session: Session, journal_path: Path) -> None:
-    fuzz(session, examples=1500)
+    fuzz(session, examples=1000)
     session.server.close()
     check_journal(journal_path, session)
 
