@@ -118,13 +118,14 @@ class NeovimProcess:
 
     def occupy(self, *, forever: bool = False) -> None:
         """Make Neovim busy and return once it is: a Vimscript loop for 60 s, which <C-c> ends,
-        or (forever) a Lua loop nothing interrupts. The loop first writes a marker file, so the
-        test knows it runs before it calls toolbus (a notification on another channel may be
-        read after the call)."""
+        or (forever) Lua blocked in a sleep, which nothing interrupts (as a Lua loop, without
+        taking a core from the other tests). It first writes a marker file, so the test knows it
+        runs before it calls toolbus (a notification on another channel may be read after the
+        call)."""
         marker = self.root / "busy"
         marker.unlink(missing_ok=True)
         if forever:
-            loop = f"lua vim.fn.writefile({{}}, {str(marker)!r}); while true do end"
+            loop = f"lua vim.fn.writefile({{}}, {str(marker)!r}); vim.uv.sleep(120000)"
         else:
             wait = "let t = reltime() | while reltimefloat(reltime(t)) < 60 | endwhile"
             loop = f"call writefile([], {str(marker)!r}) | {wait}"

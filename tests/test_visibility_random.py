@@ -159,4 +159,4 @@ def test_no_caller_ever_sees_what_they_may_not(tmp_path: Path, journal_path: Pat
 
 @pytest.mark.heavy
 def test_no_caller_ever_sees_what_they_may_not_at_scale(tmp_path: Path, journal_path: Path) -> None:
-    run(tmp_path, journal_path, seed=2, observations=400, questions=1500)
+    run(tmp_path, journal_path, seed=2, observations=400, questions=800)
