@@ -570,32 +570,47 @@ def requests_with_a_big_last_answer() -> bytes:
     return b"".join(json.dumps(request).encode() + b"\n" for request in requests)
 
 
-@pytest.mark.parametrize("wire", ["pipes", "socket"])  # socket: one for both ends, as a Node agent gives
-def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path, wire: str) -> None:
-    """The last answer is larger than the wire holds and nobody reads it: toolbus gives the
-    client a bounded time to take it, says so, and exits; what it did stays journaled."""
-    sent = requests_with_a_big_last_answer()
-    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
-    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
-    with errors.open("wb") as stderr:
+@contextlib.contextmanager
+def a_client_that_never_reads(
+    wire: str, argv: list[str], errors: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[bytes], None], Callable[[], None]]]:
+    """`toolbus serve` over pipes or one socket for both ends (as a Node agent gives), its
+    stderr in `errors`; yields it, a way to send to its stdin, and one to close its stdin. Its
+    stdout stays open and unread throughout."""
+    with contextlib.ExitStack() as stack:
+        stderr = stack.enter_context(errors.open("wb"))
         if wire == "pipes":
             server = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env()
             )
             assert server.stdin is not None and server.stdout is not None
-            with server.stdout:
-                server.stdin.write(sent)
-                server.stdin.close()
-                assert server.wait(timeout=60) == 0
+            stack.enter_context(server.stdout)
+            pipe = server.stdin
+
+            def send(data: bytes) -> None:
+                pipe.write(data)
+                pipe.flush()
+
+            yield server, send, pipe.close
         else:
             client, server_end = socket.socketpair()
-            with client, server_end:
+            stack.enter_context(client)
+            with server_end:
                 end = server_end.fileno()
                 server = subprocess.Popen(argv, stdin=end, stdout=end, stderr=stderr, env=clean_env())
-                server_end.close()
-                client.sendall(sent)
-                client.shutdown(socket.SHUT_WR)
-                assert server.wait(timeout=60) == 0
+            yield server, client.sendall, functools.partial(client.shutdown, socket.SHUT_WR)
+
+
+@pytest.mark.parametrize("wire", ["pipes", "socket"])  # socket: one for both ends, as a Node agent gives
+def test_a_client_that_closes_stdin_and_never_reads_does_not_keep_toolbus_alive(tmp_path: Path, wire: str) -> None:
+    """The last answer is larger than the wire holds and nobody reads it: toolbus gives the
+    client a bounded time to take it, says so, and exits; what it did stays journaled."""
+    journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
+    argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
+    with a_client_that_never_reads(wire, argv, errors) as (server, send, close):
+        send(requests_with_a_big_last_answer())
+        close()
+        assert server.wait(timeout=60) == 0
     assert "the client did not read the last" in errors.read_text()
     assert journaled(journal) == [("save", "ok"), ("get_observations", "ok")]
 
@@ -636,30 +651,7 @@ def test_a_client_that_closes_stdin_and_takes_no_output_while_the_read_loop_wait
     bounded time, and exits; what it did stays journaled."""
     journal, errors = tmp_path / "journal.db", tmp_path / "stderr"
     argv = toolbus_argv(journal, "--nvim", str(tmp_path / "no-neovim.sock"))
-    send: Callable[[bytes], None]
-    with contextlib.ExitStack() as stack:
-        stderr = stack.enter_context(errors.open("wb"))
-        if wire == "pipes":
-            server = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=clean_env()
-            )
-            assert server.stdin is not None and server.stdout is not None
-            stack.enter_context(server.stdout)
-            pipe = server.stdin
-
-            def send(data: bytes) -> None:
-                pipe.write(data)
-                pipe.flush()
-
-            close = pipe.close
-        else:
-            client, server_end = socket.socketpair()
-            stack.enter_context(client)
-            with server_end:
-                end = server_end.fileno()
-                server = subprocess.Popen(argv, stdin=end, stdout=end, stderr=stderr, env=clean_env())
-            send = client.sendall
-            close = functools.partial(client.shutdown, socket.SHUT_WR)
+    with a_client_that_never_reads(wire, argv, errors) as (server, send, close):
         send(requests_with_a_big_last_answer())
         wait_until(lambda: journal.exists() and len(journaled(journal)) == 2, timeout=30)  # the big answer is out
         send(b"not json\n" * (1 + MAX_PENDING_LINES + 1))
