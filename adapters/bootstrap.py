@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from toolbus.adapters.config import Identity, Settings, local_identity
 from toolbus.adapters.files import LocalFiles
-from toolbus.adapters.nvim import NvimAddress, NvimEditor, find_nvim
 from toolbus.bus import CLI_COMMANDS, TOOL_COMMANDS, Bus, JournalReader
-from toolbus.handlers import HANDLERS, Editor, Files, MemoryStore, Texts
 from toolbus.journal.sqlite import JournalTexts, SqliteJournal, SqliteMemoryStore, SqliteReader
 from toolbus.journal.sqlite.readonly import require_journal
 
-if TYPE_CHECKING:  # psycopg loads only for a team journal
+if TYPE_CHECKING:  # psycopg loads only for a team journal, pynvim and asyncio only for an editor
+    from toolbus.adapters.nvim import NvimEditor
+    from toolbus.handlers import Editor, Files, MemoryStore, Texts
     from toolbus.journal.postgres import PostgresJournal
 
 
@@ -104,7 +104,12 @@ def build_bus(
 ) -> Bus:
     """The bus for `serve` (the MCP tools), or with `cli` also the commands only the command
     line runs (`recover --apply`, `replay editor`)."""
-    editor = editor or NvimEditor(lambda: find_nvim(settings.nvim), settings.nvim_timeout)
+    from toolbus.handlers import HANDLERS
+
+    if editor is None:
+        from toolbus.adapters.nvim import NvimEditor, find_nvim
+
+        editor = NvimEditor(lambda: find_nvim(settings.nvim), settings.nvim_timeout)
     memory: MemoryStore
     texts: Texts
     if isinstance(journal, SqliteJournal):
@@ -120,4 +125,6 @@ def build_bus(
 
 def neovim_at(address: str, timeout: float) -> NvimEditor:
     """The editor at an address given on the command line (`replay editor --nvim`)."""
+    from toolbus.adapters.nvim import NvimAddress, NvimEditor
+
     return NvimEditor(lambda: NvimAddress(address, "--nvim"), timeout)

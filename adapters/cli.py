@@ -147,6 +147,18 @@ def _quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+class _PrintVersion(argparse.Action):
+    """`--version`, reading the installed version only when asked (importlib.metadata's import
+    would cost every command 25 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"toolbus {version()}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     from toolbus.adapters import cli_journal
     from toolbus.adapters.cli_team import add_journal_commands
@@ -155,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="toolbus",
         description="MCP server for coding agents: Neovim editor tools and a memory, journaled.",
     )
-    parser.add_argument("--version", action="version", version=f"toolbus {version()}")
+    parser.add_argument("--version", action=_PrintVersion)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(

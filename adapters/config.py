@@ -7,14 +7,12 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TypeVar, cast, get_args
 
 from toolbus.bus import Caller, typed_path
-from toolbus.journal.location import is_postgres_url, not_a_file, postgres_url
-from toolbus.journal.sqlite import Synchronous as SyncMode
-from toolbus.journal.sqlite import default_journal_path
+from toolbus.journal.location import Synchronous as SyncMode
+from toolbus.journal.location import default_journal_path, is_postgres_url, not_a_file, postgres_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +135,8 @@ def _sync_mode(value: float | str, option: str) -> SyncMode:
 
 
 def version() -> str:
+    from importlib import metadata  # 25 ms: only `--version` and `doctor` ask
+
     try:
         return metadata.version("toolbus")
     except metadata.PackageNotFoundError:

@@ -3,9 +3,25 @@ to people, without importing either backend)."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
+
+Synchronous = Literal["FULL", "NORMAL"]  # a SQLite journal's `PRAGMA synchronous`
+
+
+def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_STATE_HOME/toolbus/journal.db`, i.e. `~/.local/state/toolbus/journal.db`. A
+    relative `$XDG_STATE_HOME` is ignored, as the XDG spec says: it would put the journal
+    wherever the agent happened to start toolbus."""
+    state_home = (os.environ if env is None else env).get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state_home):
+        state_home = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state_home) / "toolbus" / "journal.db"
+
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _POSTGRES_SCHEMES = ("postgresql", "postgres")

@@ -33,6 +33,7 @@ from toolbus.bus import (
     blob_hash,
 )
 from toolbus.handlers import HANDLERS, SaveOutcome, SaveTarget, TabMatch
+from toolbus.journal.location import Synchronous
 from toolbus.journal.sqlite import SqliteJournal, store
 from toolbus.journal.sqlite.store import _Checkpointer
 from toolbus.journal.worker import Worker
@@ -174,7 +175,7 @@ def test_a_record_committed_at_once_is_never_committed_again(path: Path, monkeyp
 
 @pytest.mark.parametrize(("synchronous", "size", "hops"), [("NORMAL", 10, 0), ("NORMAL", 1 << 17, 1), ("FULL", 10, 2)])
 def test_only_a_change_that_waits_for_no_disk_and_writes_little_skips_the_journal_thread(
-    path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: store.Synchronous, size: int, hops: int
+    path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: Synchronous, size: int, hops: int
 ) -> None:
     assert store.AT_ONCE_BYTES < 1 << 17
     submitted: list[object] = []

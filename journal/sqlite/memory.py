@@ -18,10 +18,9 @@ import operator
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
-import sqlite_utils
 
 from toolbus.bus import Caller, ObservationSaved
 from toolbus.bus.queries import IndexRow, Observations, SearchPage, SearchQuery, TimelinePage, TimelineQuery
@@ -35,6 +34,9 @@ from toolbus.journal.search_text import (
     searchable,
     tokens,
 )
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 T = TypeVar("T")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-
-import sqlite_utils
+from typing import TYPE_CHECKING
 
 from toolbus.bus.errors import JournalUnavailable
 from toolbus.journal.sqlite.memory import (
@@ -19,6 +18,9 @@ from toolbus.journal.sqlite.memory import (
     create_missing_indexes,
     keep_audience_by_trigger,
 )
+
+if TYPE_CHECKING:  # loaded only to create or migrate a journal (40 ms a command would pay)
+    import sqlite_utils
 
 # 'tbus': marks a SQLite file as a toolbus journal, so toolbus never writes into a stranger's database.
 APPLICATION_ID = 0x74627573
@@ -218,10 +220,12 @@ def migrate(conn: sqlite3.Connection) -> None:
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = check_identity(conn)
-        db = sqlite_utils.Database(conn)
-        for step in MIGRATIONS[version:]:
-            step(db)
+        if steps := MIGRATIONS[check_identity(conn) :]:
+            import sqlite_utils
+
+            db = sqlite_utils.Database(conn)
+            for step in steps:
+                step(db)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")

@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from toolbus.bus import Appended, CommandRecord, Event, JournalNotFound, JournalUnavailable, ObservationSaved, Status
 from toolbus.bus.events import encode_event_data
 from toolbus.bus.moments import iso_time
 from toolbus.journal.abandoned import Abandoned, dead_commands, pending_text, why_abandoned
+from toolbus.journal.location import Synchronous
 from toolbus.journal.rows import Outcome, command_row, event_ids, timed_in_order, valid_text
 from toolbus.journal.sqlite.memory import apply_observation
 from toolbus.journal.sqlite.replay import rebuild_memory
@@ -35,7 +36,6 @@ from toolbus.journal.worker import Worker
 T = TypeVar("T")
 E = TypeVar("E", bound=Event)
 # FULL: every commit durable across power loss; NORMAL: safe from a crash of toolbus, not of the machine.
-Synchronous = Literal["FULL", "NORMAL"]
 
 Projection = Callable[[sqlite3.Connection, int, Event], None]
 PROJECTIONS: dict[type[Event], Projection] = {
@@ -61,16 +61,6 @@ _found_held: ContextVar[bool] = ContextVar("toolbus_journal_found_held", default
 
 class _HeldElsewhere(JournalUnavailable):
     """Another process held the journal for as long as this work could wait."""
-
-
-def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
-    """`$XDG_STATE_HOME/toolbus/journal.db`, i.e. `~/.local/state/toolbus/journal.db`. A
-    relative `$XDG_STATE_HOME` is ignored, as the XDG spec says: it would put the journal
-    wherever the agent happened to start toolbus."""
-    state_home = (os.environ if env is None else env).get("XDG_STATE_HOME", "")
-    if not os.path.isabs(state_home):
-        state_home = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state_home) / "toolbus" / "journal.db"
 
 
 class SqliteJournal:
