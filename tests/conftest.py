@@ -190,8 +190,14 @@ class NeovimProcess:
 
 
 @pytest.fixture
-def nvim(tmp_path: Path) -> Iterator[NeovimProcess]:
-    process = NeovimProcess(tmp_path / "nvim")
+def nvim_address(tmp_path: Path) -> str:
+    """Where the test's Neovim listens."""
+    return str(tmp_path / "nvim" / "nvim.sock")
+
+
+@pytest.fixture
+def nvim(tmp_path: Path, nvim_address: str) -> Iterator[NeovimProcess]:
+    process = NeovimProcess(tmp_path / "nvim", nvim_address)
     yield process
     process.kill()
 
@@ -246,6 +252,42 @@ def mode() -> str:
 async def client(journal_path: Path, nvim: NeovimProcess, mode: str) -> AsyncIterator[Client]:
     async with toolbus(journal_path, nvim.address, "--nvim-timeout", "3", mode=mode) as connected:
         yield connected
+
+
+# A module whose tests share one `toolbus serve` (starting one costs some 0.6 s of CPU, mostly
+# the SDK's import) overrides `anyio_backend` at module scope, `nvim_address` with
+# `module_nvim_address` and `client` with `module_client`. Each test still starts its own
+# Neovim, at the one address the server knows: toolbus reconnects, as when the user restarts
+# Neovim.
+
+
+@pytest.fixture(scope="module")
+def module_nvim_address(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("nvim") / "nvim.sock")
+
+
+@pytest.fixture(scope="module")
+async def module_toolbus(tmp_path_factory: pytest.TempPathFactory, module_nvim_address: str) -> AsyncIterator[Client]:
+    journal = tmp_path_factory.mktemp("toolbus") / "journal.db"
+    async with toolbus(journal, module_nvim_address, "--nvim-timeout", "3") as connected:
+        yield connected
+
+
+@pytest.fixture
+async def module_client(
+    request: pytest.FixtureRequest, module_toolbus: Client, nvim: NeovimProcess, mode: str
+) -> AsyncIterator[Client]:
+    """The module's server, or for a test that reads or changes the journal a server and a
+    journal of its own."""
+    if {"journal", "journal_path"} & set(request.fixturenames):
+        journal_path = request.getfixturevalue("journal_path")
+        async with toolbus(journal_path, nvim.address, "--nvim-timeout", "3", mode=mode) as own:
+            yield own
+    else:
+        # Connect to this test's Neovim before the test acts in it, as a server started for
+        # the test would: toolbus's Lua then sees what the user does from the start.
+        json_of(await module_toolbus.call_tool("getOpenEditors", {}))
+        yield module_toolbus
 
 
 def text_of(result: Any) -> str:

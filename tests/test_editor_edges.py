@@ -22,6 +22,22 @@ from toolbus.adapters.nvim import discover_sockets
 pytestmark = pytest.mark.anyio
 
 
+# The tests that leave the journal alone share one `toolbus serve` (conftest: `module_client`).
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def nvim_address(module_nvim_address: str) -> str:
+    return module_nvim_address
+
+
+@pytest.fixture
+def client(module_client: Client) -> Client:
+    return module_client
+
+
 # --- exact path matching -----------------------------------------------------------------
 
 
