@@ -74,3 +74,22 @@ def test_the_wheel_holds_only_the_toolbus_package(tmp_path: Path) -> None:
     for package in PACKAGES:
         assert f"toolbus/{package}/__init__.py" in names
     assert "toolbus/adapters/nvim.lua" in names
+
+
+def test_a_journal_command_loads_no_server_editor_or_schema_code(tmp_path: Path) -> None:
+    """`toolbus audit` on an existing journal, or with a bad option, imports only what it runs:
+    not the MCP SDK, pynvim, asyncio, the handlers, sqlite-utils (only to create or migrate a
+    journal) or importlib.metadata (only for `--version`). Each would cost every command time."""
+    from toolbus.journal import SqliteJournal
+
+    SqliteJournal(tmp_path / "journal.db").close()
+    heavy = ("mcp", "pynvim", "asyncio", "toolbus.handlers", "sqlite_utils", "importlib.metadata", "psycopg")
+    for args in (["audit"], ["audit", "--status", "fine"]):
+        probe = (
+            "import sys; from toolbus.adapters.cli import main; "
+            f"code = main({[*args, '--journal', str(tmp_path / 'journal.db')]!r}); "
+            f"print(code, [name for name in {heavy!r} if name in sys.modules], file=sys.stderr)"
+        )
+        run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        *_, last = run.stderr.splitlines()
+        assert last == ("0 []" if args == ["audit"] else "2 []"), run.stderr
