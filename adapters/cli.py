@@ -40,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version or a usage error, printed by argparse
         return _flush_stdout(stop.code if isinstance(stop.code, int) else 1, "toolbus")
+    except OSError as error:  # --version into a closed pipe or a full disk, stdout unbuffered
+        return _unwritable("toolbus", error)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
@@ -74,16 +76,12 @@ def _run(args: argparse.Namespace) -> int:
     except (UsageError, ToolbusError, ValueError) as error:
         print(f"{command}: {for_terminal(str(error))}", file=sys.stderr)  # it may quote an agent's text
         return UNFINISHED if isinstance(error, Unfinished) else USAGE_ERROR
-    except BrokenPipeError:  # `toolbus audit | head`: the reader has all it wanted
-        return _reader_gone()
-    except BaseExceptionGroup as group:  # the same from inside a task group (`toolbus demo | head`)
+    except BaseExceptionGroup as group:  # a closed pipe inside a task group (`toolbus demo | head`)
         if group.split(BrokenPipeError)[1] is not None:
             raise
         return _reader_gone()
-    except OSError as error:
-        if error.errno not in _NO_ROOM:
-            raise
-        return _no_room(command, error)
+    except OSError as error:  # `toolbus audit | head`: the reader has all it wanted; or a full disk
+        return _unwritable(command, error)
     except KeyboardInterrupt:
         return 130
     except Exception as error:
@@ -116,13 +114,18 @@ def _flush_stdout(code: int, command: str) -> int:
     would be a complaint from the interpreter and exit code 120."""
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
-        return _reader_gone()
     except OSError as error:
-        if error.errno not in _NO_ROOM:
-            raise
-        return _no_room(command, error)
+        return _unwritable(command, error)
     return code
+
+
+def _unwritable(command: str, error: OSError) -> int:
+    """stdout failed: its reader is gone (quietly, exit 0) or its disk is full (one line, exit 1)."""
+    if isinstance(error, BrokenPipeError):
+        return _reader_gone()
+    if error.errno not in _NO_ROOM:
+        raise error
+    return _no_room(command, error)
 
 
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})

@@ -354,16 +354,19 @@ def test_recover_refuses_force_without_a_file_to_overwrite(
     assert_untouched(journal, run, "recover", "--force goes only with -o FILE")
 
 
-@pytest.mark.parametrize("command", [["doctor"], ["audit"], ["--help"]])
-def test_quiet_into_a_closed_pipe(journal: Path, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("command", "unbuffered"),
+    [(["doctor"], False), (["audit"], False), (["--help"], False), (["--version"], False), (["--version"], True)],
+)
+def test_quiet_into_a_closed_pipe(journal: Path, command: list[str], unbuffered: bool) -> None:
     """`toolbus doctor | head -1`: the reader stops early; no traceback, no complaint."""
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "toolbus.adapters.cli", *command, "--journal", str(journal)]
-    if command == ["--help"]:
-        argv = argv[:-2]
-    reader = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_buffered_env())
+    argv = [sys.executable, "-m", "toolbus.adapters.cli", *command]
+    argv += [] if command[0].startswith("--") else ["--journal", str(journal)]
+    env = _buffered_env() | ({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
+    reader = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert reader.stdout is not None
     reader.stdout.close()  # as `head` does once it has its line, before toolbus writes
     _, err = reader.communicate(timeout=60)
@@ -381,7 +384,11 @@ def _buffered_env() -> dict[str, str]:
 # Not --help unbuffered: argparse itself drops a failed write of its help then.
 @pytest.mark.parametrize(
     ("command", "unbuffered"),
-    [(command, unbuffered) for command in (["doctor"], ["audit"], ["audit", "--json"]) for unbuffered in (False, True)]
+    [
+        (command, unbuffered)
+        for command in (["doctor"], ["audit"], ["audit", "--json"], ["--version"])
+        for unbuffered in (False, True)
+    ]
     + [(["--help"], False)],
 )
 def test_a_full_disk_under_stdout_is_one_line(
@@ -394,11 +401,11 @@ def test_a_full_disk_under_stdout_is_one_line(
 
     journal, _ = recoverable_journal
     argv = [sys.executable, "-m", "toolbus.adapters.cli", *command]
-    argv += [] if command == ["--help"] else ["--journal", str(journal)]
+    argv += [] if command[0].startswith("--") else ["--journal", str(journal)]
     env = _buffered_env() | ({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
     with open("/dev/full", "wb") as full:
         run = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, timeout=60, text=True, env=env)
-    who = "toolbus" if command == ["--help"] else f"toolbus {command[0]}"
+    who = "toolbus" if command[0].startswith("--") else f"toolbus {command[0]}"
     assert (run.returncode, run.stderr) == (1, f"{who}: cannot write its output: No space left on device\n")
 
 

@@ -7,6 +7,7 @@ opens in a newer one.
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -218,12 +219,16 @@ def migrate(conn: sqlite3.Connection) -> None:
     Runs inside `BEGIN IMMEDIATE`, so several processes opening one new journal at once
     create it exactly once.
     """
+    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+        # Loaded (40 ms) before the lock that other toolbus processes would wait for meanwhile.
+        importlib.import_module("sqlite_utils")
     conn.execute("BEGIN IMMEDIATE")
     try:
         if steps := MIGRATIONS[check_identity(conn) :]:
             import sqlite_utils
 
-            db = sqlite_utils.Database(conn)
+            # SQLite's default, as on every connection that does not migrate.
+            db = sqlite_utils.Database(conn, recursive_triggers=False)
             for step in steps:
                 step(db)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
