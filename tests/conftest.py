@@ -277,9 +277,9 @@ async def module_toolbus(tmp_path_factory: pytest.TempPathFactory, module_nvim_a
 async def module_client(
     request: pytest.FixtureRequest, module_toolbus: Client, nvim: NeovimProcess, mode: str
 ) -> AsyncIterator[Client]:
-    """The module's server, or for a test that reads or changes the journal a server and a
-    journal of its own."""
-    if {"journal", "journal_path"} & set(request.fixturenames):
+    """The module's server (in the default mode), or for a test that reads or changes the
+    journal, or asks for another mode, a server and a journal of its own."""
+    if {"journal", "journal_path"} & set(request.fixturenames) or mode != "auto":
         journal_path = request.getfixturevalue("journal_path")
         async with toolbus(journal_path, nvim.address, "--nvim-timeout", "3", mode=mode) as own:
             yield own
