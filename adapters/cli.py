@@ -242,12 +242,6 @@ async def _serve(
 
     log = logging.getLogger("toolbus")
 
-    async def connect_early() -> None:
-        try:
-            await editor.connect()
-        except ToolbusError as error:  # no Neovim yet: the first call will look again
-            log.info("not connected to Neovim yet: %s", error)
-
     async def settle_abandoned() -> None:
         """What an earlier toolbus here was doing when it died, said under its files."""
         try:
@@ -259,7 +253,7 @@ async def _serve(
             log.exception("could not settle the commands of ended toolbus processes")
 
     async with anyio.create_task_group() as starting:
-        starting.start_soon(connect_early)
+        starting.start_soon(editor.stay_connected)
         # Before the first answer: a client then finds in the journal all that was done before.
         # Quick unless there is something to settle and another writer holds the journal.
         await settle_abandoned()

@@ -54,6 +54,7 @@ T = TypeVar("T")
 NvimCall = Callable[[pynvim.Nvim], T]
 
 DEFAULT_TIMEOUT = 5.0
+REATTACH_S = 1.0  # how often serve looks for a Neovim gone from an address the user gave
 # How long a Neovim found stuck gets to answer a cheap question before a call is refused.
 STUCK_PROBE_SECONDS = 0.5
 LUA_SOURCE = resources.files(__package__).joinpath("nvim.lua").read_text()
@@ -376,6 +377,7 @@ class NvimEditor:
         self._locate = locate
         self.timeout = timeout
         self._session: _Session | None = None
+        self._found: NvimAddress | None = None  # where the latest connection was tried
         self._connecting = asyncio.Lock()
         self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
@@ -572,10 +574,27 @@ class NvimEditor:
         except EditorUnavailable as error:
             raise EditorLost(f"{error} (the connection broke while a request was in flight)") from None
 
-    async def connect(self) -> None:
-        """Connect now, not at the first call, so that what toolbus's Lua tracks in Neovim (the
-        latest selection) is tracked from the start."""
-        await self._connect()
+    async def stay_connected(self) -> None:
+        """Connect now, not at the first call, and again within `REATTACH_S` whenever Neovim
+        comes back at an address the user gave (`--nvim`, `$TOOLBUS_NVIM`, `$NVIM`): started
+        after toolbus, or restarted. What toolbus's Lua tracks in Neovim (the latest selection,
+        each file's read time) is then tracked from Neovim's start, not from the next call. A
+        discovered Neovim is looked for again only by a call: another may be the one to find by
+        then."""
+        await self._attach(first=True)
+        while self._found is not None and self._found.source != "discovered":
+            await asyncio.sleep(REATTACH_S)
+            if self._session is None or not self._session.alive:
+                await self._attach()
+
+    async def _attach(self, *, first: bool = False) -> None:
+        try:
+            await self._connect()
+        except ToolbusError as error:  # not there (yet): looked for again
+            if first:
+                log.info("not connected to Neovim yet: %s", error)
+        except Exception:  # never worth stopping the server for
+            log.exception("could not connect to Neovim")
 
     async def _connect(self) -> _Session:
         if self._session is not None and self._session.alive:  # as for almost every call: no lock to take
@@ -586,7 +605,7 @@ class NvimEditor:
     async def _connect_once(self) -> _Session:
         if self._session is None or not self._session.alive:
             # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
-            found = await anyio.to_thread.run_sync(self._locate)
+            found = self._found = await anyio.to_thread.run_sync(self._locate)
             if found is None:
                 raise EditorUnavailable(
                     "No Neovim found: start Neovim with --listen ADDRESS (or from a Neovim :terminal), "

@@ -103,6 +103,10 @@ def span(start: tuple[int, int], end: tuple[int, int]) -> dict[str, Any]:
     }
 
 
+# Whether toolbus has connected to a Neovim and set up its tracking there.
+TOOLBUS_LOADED = "for name in pairs(_G) do if name:match('^toolbus_') then return true end end return false"
+
+
 async def selection(client: Client, tool: str = "getCurrentSelection") -> dict[str, Any]:
     return dict(json_of(await client.call_tool(tool, {})))
 
@@ -282,12 +286,32 @@ async def test_selections_are_tracked_from_when_toolbus_connects_not_from_its_fi
     try:
         nvim.edit(files / "b.txt")
         async with toolbus(tmp_path / "journal.db", nvim.address) as fresh:
-            loaded = "for name in pairs(_G) do if name:match('^toolbus_') then return true end end return false"
-            wait_for(nvim, lambda n: n.exec_lua(loaded))  # toolbus connected and set up its tracking
+            wait_for(nvim, lambda n: n.exec_lua(TOOLBUS_LOADED))  # toolbus connected and set up its tracking
             user_types(nvim, "ggwve", "v")
             user_types(nvim, "<Esc>")
             latest = await selection(fresh, "getLatestSelection")
         assert (latest["text"], latest["filePath"]) == ("beta", str(files / "b.txt"))
+    finally:
+        nvim.kill()
+
+
+async def test_a_neovim_that_comes_back_at_its_address_is_tracked_again_before_any_call(
+    tmp_path: Path, files: Path
+) -> None:
+    """Started after toolbus, or restarted: toolbus sets up its tracking in it of its own accord."""
+    nvim = NeovimProcess(tmp_path / "later")
+    nvim.kill()  # toolbus starts first
+    try:
+        async with toolbus(tmp_path / "journal.db", nvim.address) as client:
+            for _ in range(2):  # Neovim starts; the user quits it and starts it again
+                nvim.start()
+                nvim.edit(files / "b.txt")
+                wait_for(nvim, lambda n: n.exec_lua(TOOLBUS_LOADED))  # no call made since it started
+                user_types(nvim, "ggwve", "v")
+                user_types(nvim, "<Esc>")
+                latest = await selection(client, "getLatestSelection")
+                assert (latest["text"], latest["filePath"]) == ("beta", str(files / "b.txt"))
+                nvim.kill()
     finally:
         nvim.kill()
 
