@@ -378,6 +378,9 @@ class NvimEditor:
         self.timeout = timeout
         self._session: _Session | None = None
         self._found: NvimAddress | None = None  # where the latest connection was tried
+        self._attempts = 0  # connections tried to the end
+        self._failed: EditorUnavailable | None = None  # why the latest one failed
+        self._unexpected = ""  # the latest unexpected failure logged by `stay_connected`
         self._connecting = asyncio.Lock()
         self.stuck: set[str] = set()  # addresses that <C-c> could not interrupt: not tried again
         self._interrupts: set[asyncio.Task[None]] = set()  # unblocking, after the caller was answered
@@ -593,35 +596,55 @@ class NvimEditor:
         except ToolbusError as error:  # not there (yet): looked for again
             if first:
                 log.info("not connected to Neovim yet: %s", error)
-        except Exception:  # never worth stopping the server for
-            log.exception("could not connect to Neovim")
+        except Exception as error:  # never worth stopping the server for; logged once, not every second
+            if repr(error) != self._unexpected:
+                self._unexpected = repr(error)
+                log.exception("could not connect to Neovim")
 
     async def _connect(self) -> _Session:
         if self._session is not None and self._session.alive:  # as for almost every call: no lock to take
             return self._session
+        attempts = self._attempts
         async with self._connecting:  # one connection, even when calls begin together
+            if self._attempts != attempts and (failed := self._failed) is not None:
+                # One was tried, and failed, while this call waited: that is its answer too,
+                # within the one timeout, rather than a second try and twice the wait.
+                raise type(failed)(*failed.args)
             return await self._connect_once()
 
     async def _connect_once(self) -> _Session:
         if self._session is None or not self._session.alive:
-            # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
-            found = self._found = await anyio.to_thread.run_sync(self._locate)
-            if found is None:
-                raise EditorUnavailable(
-                    "No Neovim found: start Neovim with --listen ADDRESS (or from a Neovim :terminal), "
-                    "then pass that address with --nvim or $TOOLBUS_NVIM (see :echo v:servername in Neovim)"
-                )
+            self._failed = None
             try:
-                opening = _Session.open(found.address, self._heard, self._session_lost)
-                self._session = await _within(opening, self.timeout)
-            except (OSError, TimeoutError) as error:
-                raise _unreachable(found.address, error) from None
-            # Load toolbus's Lua, and note when this toolbus connected (its latest selection is one
-            # made since). Notifications, run in order: a busy Neovim runs them when free, and they
-            # never time out or interrupt it.
-            self._session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
-            _notify_lua(self._session, "connected", self._name)
+                self._session = await self._open()
+            except EditorUnavailable as error:
+                self._failed = error
+                raise
+            finally:
+                self._attempts += 1
         return self._session
+
+    async def _open(self) -> _Session:
+        """A new connection to the Neovim `_locate` finds, with toolbus's Lua loaded."""
+        # Discovery probes sockets with blocking pynvim calls: keep them off the event loop.
+        found = self._found = await anyio.to_thread.run_sync(self._locate)
+        if found is None:
+            raise EditorUnavailable(
+                "No Neovim found: start Neovim with --listen ADDRESS (or from a Neovim :terminal), "
+                "then pass that address with --nvim or $TOOLBUS_NVIM (see :echo v:servername in Neovim)"
+            )
+        try:
+            opening = _Session.open(found.address, self._heard, self._session_lost)
+            session = await _within(opening, self.timeout)
+        except (OSError, TimeoutError, ValueError) as error:  # ValueError: a host name no lookup takes
+            raise _unreachable(found.address, error) from None
+        # Load toolbus's Lua, and note when this toolbus connected (its latest selection is one
+        # made since). Notifications, run in order: a busy Neovim runs them when free, and they
+        # never time out or interrupt it.
+        session.notify("nvim_exec_lua", _LOAD_LUA_IF_MISSING, ())
+        _notify_lua(session, "connected", self._name)
+        log.info("connected to Neovim at %s (%s)", found.address, found.source)
+        return session
 
     async def _await(self, session: _Session, method: str, args: tuple[Any, ...]) -> Any:
         if session.address in self.stuck and not await self._answers_again(session.address):
@@ -743,7 +766,7 @@ async def _within(awaitable: Awaitable[T], timeout: float) -> T:
 
 def _unreachable(address: str, error: BaseException) -> EditorUnavailable:
     return EditorUnavailable(
-        f"Neovim at {address} is not reachable ({error or type(error).__name__}): is it running? "
+        f"Neovim at {address} is not reachable ({str(error) or type(error).__name__}): is it running? "
         "Check the address with :echo v:servername and pass it with --nvim (or, to serve, $TOOLBUS_NVIM)"
     )
 

@@ -300,6 +300,7 @@ async def test_a_neovim_that_comes_back_at_its_address_is_tracked_again_before_a
 ) -> None:
     """Started after toolbus, or restarted: toolbus sets up its tracking in it of its own accord."""
     nvim = NeovimProcess(tmp_path / "later")
+    nvim.call(lambda n: n.api.get_mode())  # attached (a kill mid-attach would fail the test's thread)
     nvim.kill()  # toolbus starts first
     try:
         async with toolbus(tmp_path / "journal.db", nvim.address) as client:

@@ -3,6 +3,9 @@ Neovim's own requests, and a caller's cancellation."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -97,4 +100,56 @@ async def test_a_port_past_tcps_range_is_unavailable_never_another_port(port: st
     """The system would take 99999 modulo 65536, and connect to port 34463."""
     editor = NvimEditor(lambda: NvimAddress(f"127.0.0.1:{port}", "test"), 1.0)
     with anyio.fail_after(30), pytest.raises(EditorUnavailable, match=f"port {port} is not a TCP port"):
+        await editor.request("nvim_eval", "1")
+
+
+@contextmanager
+def a_port_that_never_answers() -> Iterator[int]:
+    """A TCP port whose connections neither succeed nor fail: a listener with a backlog of one,
+    filled, so the system drops every further connection's SYN (a host dropping packets)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = [socket.socket() for _ in range(3)]
+    for filler in fillers:
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+    try:
+        yield port
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+
+async def test_calls_waiting_on_an_unanswered_connection_share_its_failure() -> None:
+    """Three calls at once to a Neovim whose connections hang: one try, whose failure all three
+    answer with, rather than a try each, one after the other (the last waiting three timeouts)."""
+    with a_port_that_never_answers() as port:
+        tries: list[str] = []
+
+        def locate() -> NvimAddress:
+            tries.append("try")
+            return NvimAddress(f"127.0.0.1:{port}", "test")
+
+        editor = NvimEditor(locate, 0.5)
+        failures: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                await editor.request("nvim_eval", "1")
+            except EditorUnavailable as error:
+                failures.append(error)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as calls:
+                for _ in range(3):
+                    calls.start_soon(call)
+    assert len(failures) == 3 and all("not reachable (TimeoutError)" in str(f) for f in failures), failures
+    assert tries == ["try"]
+
+
+async def test_a_host_name_no_lookup_takes_is_unavailable() -> None:
+    editor = NvimEditor(lambda: NvimAddress("a" * 70 + ":6666", "test"), 1.0)
+    with anyio.fail_after(30), pytest.raises(EditorUnavailable, match="not reachable"):
         await editor.request("nvim_eval", "1")
