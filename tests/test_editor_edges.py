@@ -13,6 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from tests import one_server
 from tests.conftest import NVIM, JournalReader, NeovimProcess, json_of, server_params, text_of, toolbus
 from tests.faults_helpers import wait_until
 from tests.journal_helpers import cli
@@ -21,21 +22,8 @@ from toolbus.adapters.nvim import discover_sockets
 
 pytestmark = pytest.mark.anyio
 
-
 # The tests that leave the journal alone share one `toolbus serve` (conftest: `module_client`).
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def nvim_address(module_nvim_address: str) -> str:
-    return module_nvim_address
-
-
-@pytest.fixture
-def client(module_client: Client) -> Client:
-    return module_client
+anyio_backend, nvim_address, client = one_server.anyio_backend, one_server.nvim_address, one_server.client
 
 
 # --- exact path matching -----------------------------------------------------------------

@@ -11,25 +11,13 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from tests import one_server
 from tests.conftest import JournalReader, NeovimProcess, json_of, text_of
 
 pytestmark = pytest.mark.anyio
 
-
 # The tests that leave the journal alone share one `toolbus serve` (conftest: `module_client`).
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def nvim_address(module_nvim_address: str) -> str:
-    return module_nvim_address
-
-
-@pytest.fixture
-def client(module_client: Client) -> Client:
-    return module_client
+anyio_backend, nvim_address, client = one_server.anyio_backend, one_server.nvim_address, one_server.client
 
 
 def make(folder: Path, name: str, text: str = "print('hello')\n") -> Path:
