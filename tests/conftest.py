@@ -256,7 +256,7 @@ async def client(journal_path: Path, nvim: NeovimProcess, mode: str) -> AsyncIte
 
 # A module whose tests share one `toolbus serve` (starting one costs some 0.6 s of CPU, mostly
 # the SDK's import) overrides `anyio_backend` at module scope, `nvim_address` with
-# `module_nvim_address` and `client` with `module_client`. Each test still starts its own
+# `module_nvim_address` and `client` with `module_client` (tests/one_server.py). Each test still starts its own
 # Neovim, at the one address the server knows: toolbus reconnects, as when the user restarts
 # Neovim.
 
