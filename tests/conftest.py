@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import queue
@@ -35,6 +36,17 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
         return int(chosen)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile toolbus's modules once, before the workers start. Where PYTHONDONTWRITEBYTECODE
+    is set (this machine's environment sets it), Python never keeps what it compiles, and each
+    of the some 750 toolbus processes a run starts would compile them again: 35 ms of CPU each.
+    Python reads compiled files all the same, and checks them against their sources."""
+    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):
+        root = Path(__file__).resolve().parents[1]
+        for package in ("bus", "handlers", "adapters", "journal"):
+            compileall.compile_dir(root / package, quiet=1)
 
 
 @pytest.fixture
