@@ -267,10 +267,10 @@ async def client(journal_path: Path, nvim: NeovimProcess, mode: str) -> AsyncIte
 
 
 # A module whose tests share one `toolbus serve` (starting one costs some 0.6 s of CPU, mostly
-# the SDK's import) overrides `anyio_backend` at module scope, `nvim_address` with
-# `module_nvim_address` and `client` with `module_client` (tests/one_server.py). Each test still starts its own
-# Neovim, at the one address the server knows: toolbus reconnects, as when the user restarts
-# Neovim.
+# the SDK's import) takes tests/one_server.py's overrides: `anyio_backend` at module scope,
+# `nvim_address` as `module_nvim_address`, `client` as `module_client`. Each test still starts
+# its own Neovim, at the one address the server knows: toolbus reconnects within a second, as
+# when the user restarts Neovim.
 
 
 @pytest.fixture(scope="module")
