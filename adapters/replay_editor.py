@@ -17,7 +17,7 @@ import anyio
 
 from toolbus.adapters.bootstrap import build_bus, identity, neovim_at, open_writer
 from toolbus.adapters.config import Settings, cli_caller
-from toolbus.bus import Bus, Caller, Fault, ToolbusError, Unfinished
+from toolbus.bus import Bus, Caller, EditorLost, EditorTimeout, Fault, ToolbusError, Unfinished
 from toolbus.handlers.replay import Replayed
 from toolbus.journal import EditorStep
 
@@ -26,7 +26,7 @@ Report = Callable[[str], None]
 
 def replay_to_neovim(settings: Settings, address: str, steps: Iterable[EditorStep], report: Report) -> int:
     """Apply each step in order, reporting each once done; raise a `Fault` at the first that fails
-    (`Unfinished` once a step is done)."""
+    (`Unfinished` once a step is done, or may be)."""
     editor = neovim_at(address, settings.nvim_timeout)
     journal = open_writer(settings, create=False)
     try:
@@ -47,8 +47,10 @@ async def replay_steps(bus: Bus, caller: Caller, steps: Iterable[EditorStep], re
             message = str(error).removeprefix("Error executing lua: ").split("\n")[0]
             steps_done = f"{count} step{'s' if count != 1 else ''}"
             go_on = f" ({steps_done} before it done: --from {step.position} goes on from here)" if count else ""
-            # Files were changed by the steps before it, or by this one (a copy kept).
-            stopped = Unfinished if count or isinstance(error, Unfinished) else Fault
+            # Files were changed by the steps before it, or may have been by this one: a copy
+            # kept, or a request Neovim may still carry out (timed out, or cut off once sent).
+            changed = count > 0 or isinstance(error, (Unfinished, EditorTimeout, EditorLost))
+            stopped = Unfinished if changed else Fault
             raise stopped(f"replay stopped at @{step.position}: {message}{go_on}") from None
         report(done)
         idle += not acted
