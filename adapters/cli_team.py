@@ -67,9 +67,11 @@ def _as_admin(url: str) -> Iterator[psycopg.Connection[Any]]:
         try:
             with answered_within(conn, ANSWER_TIMEOUT, shown(url), server_answers(conn, url, shown(url))):
                 yield conn
-        except psycopg.errors.InsufficientPrivilege as error:
+        except (psycopg.errors.InsufficientPrivilege, PermissionError) as error:
+            # PermissionError: the journal is there, and this login may not even read it
+            refusal = error.diag.message_primary if isinstance(error, psycopg.Error) else error
             raise ValueError(
-                f"{error.diag.message_primary}: run this as the team's admin (the role that ran "
+                f"{refusal}: run this as the team's admin (the role that ran "
                 "`toolbus journal init`, allowed to create roles)"
             ) from None
         except psycopg.Error as error:

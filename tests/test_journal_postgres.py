@@ -282,6 +282,8 @@ def test_an_agent_of_one_team_journal_is_none_of_another_on_the_same_server(team
             unregister_agent(conn, alice)  # ... and then of the other only
         with psycopg.connect(as_alice_there, autocommit=True) as conn:
             assert conn.execute("SELECT title FROM toolbus.observations").fetchall() == [("the other team's plan",)]
+            # ... where an idle transaction of hers is still ended, as for every agent
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("30s",)
     finally:
         other.drop()
 

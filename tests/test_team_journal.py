@@ -184,7 +184,8 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert role_department == [("sales",)]
         [(settings,)] = admin_rows(
             team,
-            "SELECT setconfig FROM pg_db_role_setting WHERE setrole = (SELECT oid FROM pg_roles WHERE rolname = %s)",
+            "SELECT setconfig FROM pg_db_role_setting WHERE setrole = (SELECT oid FROM pg_roles WHERE rolname = %s)"
+            " AND setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())",
             f"erin_{team.database}",
         )
         assert "idle_in_transaction_session_timeout=30s" in settings  # an idle transaction cannot hold the team up
@@ -216,6 +217,13 @@ def test_journal_init_and_agent_from_the_command_line(team: Team) -> None:
         assert refused.returncode == 2 and f"'erin_{team.database}' is not an agent" in refused.stderr, refused.stderr
         again = cli("journal", "agent", team.admin_url, f"erin_{team.database}", "--remove")
         assert again.returncode == 2 and "is not an agent of this team journal" in again.stderr
+        # Nor may she, no agent and no admin, set the journal up: one line, no traceback.
+        init = cli("journal", "init", erin)
+        assert (init.returncode, init.stdout) == (2, ""), init.stderr
+        assert init.stderr.endswith(
+            "may not use the team journal: run this as the team's admin (the role that ran "
+            "`toolbus journal init`, allowed to create roles)\n"
+        ), init.stderr
     finally:
         with psycopg.connect(team.admin_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY " + f'"erin_{team.database}"')

@@ -337,9 +337,9 @@ def register_agent(conn: psycopg.Connection[Any], role: str, department: str) ->
             (role, department),
         )
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(_own_group(conn)), sql.Identifier(role)))
-        conn.execute(
-            sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = {}").format(
-                sql.Identifier(role), sql.Literal(f"{IDLE_IN_TRANSACTION_TIMEOUT}s")
+        conn.execute(  # in this database only: the role may be an agent of other team journals
+            sql.SQL("ALTER ROLE {} IN DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+                sql.Identifier(role), _this_database(conn), sql.Literal(f"{IDLE_IN_TRANSACTION_TIMEOUT}s")
             )
         )
 
@@ -352,8 +352,16 @@ def unregister_agent(conn: psycopg.Connection[Any], role: str) -> str:
         if removed is None:
             raise LookupError(f"{role!r} is not an agent of this team journal")
         conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(_own_group(conn)), sql.Identifier(role)))
-        conn.execute(sql.SQL("ALTER ROLE {} RESET idle_in_transaction_session_timeout").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} IN DATABASE {} RESET idle_in_transaction_session_timeout").format(
+                sql.Identifier(role), _this_database(conn)
+            )
+        )
     return str(removed[0])
+
+
+def _this_database(conn: psycopg.Connection[Any]) -> sql.Identifier:
+    return sql.Identifier(conn.info.dbname)
 
 
 def _own_group(conn: psycopg.Connection[Any]) -> str:
