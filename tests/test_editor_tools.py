@@ -115,6 +115,21 @@ async def test_save_writes_even_an_unmodified_buffer(client: Client, nvim: Neovi
     assert path.read_text() == "print('hello')\n"
 
 
+async def test_a_modified_buffer_whose_file_was_deleted_is_written_back(
+    client: Client, nvim: NeovimProcess, files: Path, journal: JournalReader
+) -> None:
+    """A deletion leaves no version to lose (the buffer holds the only copy): written, as `:w`
+    would, and the journal says the disk had changed."""
+    path = make(files, "a.py")
+    nvim.edit(path)
+    nvim.set_lines(path, ["x = 2"])
+    path.unlink()
+    reply = json_of(await client.call_tool("saveDocument", {"filePath": str(path)}))
+    assert (reply["saved"], path.read_text(), nvim.modified(path)) == (True, "x = 2\n", False)
+    [saved] = journal.events("DocumentSaved")
+    assert (saved["data"]["disk_changed"], saved["data"]["replaced_blob"]) == (True, None)
+
+
 async def test_save_document_is_listed(client: Client) -> None:
     descriptions = await tool_descriptions(client)
     assert descriptions["saveDocument"]
