@@ -1337,6 +1337,16 @@ function M.diff_stage(id, text)
   return { status = 'staged' }
 end
 
+-- An accepted text the journal could not keep (it was locked or full before the write): left
+-- in its file's buffer, unsaved, when the view closes, the only copy there is; the user told.
+function M.diff_keep_staged(id, notice)
+  local view = diffs[id]
+  if view and view.staged then
+    view.staged = nil
+    vim.notify(notice, vim.log.levels.WARN)
+  end
+end
+
 -- An accepted text staged into its file's buffer, and left there unwritten (the write failed),
 -- is taken out again: the buffer as it was before, or unloaded (wiped if new) if the accept
 -- loaded it. A user who saved it meanwhile, or typed into it, keeps it.

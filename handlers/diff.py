@@ -20,9 +20,11 @@ from toolbus.bus import (
     DiffRejected,
     EditorUnavailable,
     HandlerContext,
+    JournalUnavailable,
     OpenDiff,
     Refused,
     TextItems,
+    ToolbusError,
     blob_hash,
 )
 from toolbus.handlers.editor import commit_write, editor_of, refusal_message, save_through_editor, vim_error
@@ -114,7 +116,12 @@ async def _accept(
         await _failed(context, command, view, decision, staged.status, message)
     final = blob_hash(decision.text)
     doubt = DiffAcceptInDoubt(path=view.path, tab_name=command.tab_name, final_blob=final)
-    attempt = await save_through_editor(context, view.path, also_in_doubt=(doubt,), also_kept={final: decision.text})
+    try:
+        attempt = await save_through_editor(
+            context, view.path, also_in_doubt=(doubt,), also_kept={final: decision.text}
+        )
+    except JournalUnavailable as error:  # before the write: nothing was written
+        await _left_unsaved(context, view, error)
     if attempt.refusal is not None:
         reason = "vim_error" if attempt.refusal == "not_open" else attempt.refusal
         message = refusal_message(attempt.refusal, attempt.detail, command.new_file_path)
@@ -129,6 +136,17 @@ async def _accept(
     )
     await commit_write(context, attempt, event)
     return TextItems((FILE_SAVED, attempt.written_text()))
+
+
+async def _left_unsaved(context: HandlerContext[Any], view: DiffView, error: JournalUnavailable) -> NoReturn:
+    """The journal can keep nothing now, the text the user accepted least of all: it stays in
+    the file's buffer, unsaved, for the user to write once the journal is free."""
+    waits = f"the text the user accepted waits, unsaved, in the buffer of {view.path} in Neovim"
+    try:
+        await editor_of(context).keep_staged(view.id, f"toolbus could not record your accept: {waits}")
+    except ToolbusError:
+        raise error from None
+    raise JournalUnavailable(f"{error}; {waits}") from error
 
 
 async def _failed(

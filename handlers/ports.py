@@ -253,6 +253,11 @@ class Editor(Protocol):
         if the file changed on disk since the view opened or its buffer was changed since."""
         ...
 
+    async def keep_staged(self, view: str, notice: str) -> None:
+        """Leave the text `stage_diff` put into the file's buffer there, unsaved, when the view
+        closes (instead of taking it out again), and tell the user `notice`."""
+        ...
+
     async def close_diff(self, view: str) -> None:
         """Close a view (deciding nothing), if it is still there; one whose decision was lost
         with its connection is left to the editor, which keeps a proposal the user edited.

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -36,8 +37,10 @@ def nvim(root: Path) -> Iterator[NeovimProcess]:
     process.kill()
 
 
-def start_server(root: Path, nvim: NeovimProcess, nvim_timeout: float = 3) -> StdioServer:
-    env = clean_env({"TOOLBUS_PROGRESS_INTERVAL": str(PROGRESS_INTERVAL)})
+def start_server(
+    root: Path, nvim: NeovimProcess, nvim_timeout: float = 3, env: dict[str, str] | None = None
+) -> StdioServer:
+    env = clean_env({"TOOLBUS_PROGRESS_INTERVAL": str(PROGRESS_INTERVAL), **(env or {})})
     argv = toolbus_argv(root / "journal.db", "--nvim-timeout", f"{nvim_timeout:g}", nvim=nvim.address)
     server = StdioServer(argv, env=env)
     server.initialize()
@@ -383,6 +386,31 @@ def test_an_accept_whose_write_fails_leaves_the_buffer_as_it_was(
     shown(nvim)
     nvim.command("quit")
     assert texts(server.wait_for(request)) == ["DIFF_REJECTED", "again"]
+
+
+def test_an_accept_the_journal_cannot_record_leaves_the_accepted_text_unsaved_in_neovim(
+    root: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """Another process holds the journal's write lock as the user accepts: nothing is written, and
+    the text they accepted, which they edited (so the journal has it nowhere), waits unsaved in
+    the file's buffer instead of going with the view."""
+    path = files / "a.py"
+    with start_server(root, nvim, env={"TOOLBUS_JOURNAL_TIMEOUT": "0.3"}) as server:
+        request = propose(server, path, "x = 2\n", "locked")
+        shown(nvim)
+        nvim.lua("vim.api.nvim_buf_set_lines(0, 0, -1, false, {'x = 2', 'mine = 1'})")
+        with contextlib.closing(sqlite3.connect(root / "journal.db", isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            nvim.command("write")
+            answer = server.wait_for(request)
+            other.execute("ROLLBACK")
+    [text] = texts(answer)
+    assert answer["isError"] and "is locked by another process" in text, text
+    assert text.endswith(f"the text the user accepted waits, unsaved, in the buffer of {path} in Neovim"), text
+    assert path.read_text() == "x = 1\ny = 2\n"
+    assert (nvim.lines(path), nvim.modified(path), view_buffers(nvim)) == (["x = 2", "mine = 1"], True, 0)
+    assert "toolbus could not record your accept" in messages(nvim)
+    nvim.command(f"bwipeout! {path}")  # the next test's Neovim holds no unsaved buffer
 
 
 @pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-be"])
