@@ -225,13 +225,20 @@ async def commit_write(context: HandlerContext[Any], attempt: SaveAttempt, event
     blobs = {blob_hash(attempt.after): attempt.after}
     if attempt.replaced and attempt.target.before is not None:
         blobs[attempt.replaced] = attempt.target.before
+    kept = "The text it replaced" if attempt.replaced else None
+    await commit_done(context, event, f"{attempt.path} was written", kept, blobs)
+
+
+async def commit_done(
+    context: HandlerContext[Any], event: Event, done: str, kept: str | None, blobs: Mapping[str, bytes] | None = None
+) -> None:
+    """Commit the event of what was `done` in the editor. If the journal cannot take it, the
+    answer still says it was done (never "try again"), and what of it the write-ahead `kept`."""
     try:
         await context.commit(event, blobs=blobs)
     except JournalUnavailable as error:  # the command stays in_doubt: it did act
-        kept = " The text it replaced is kept in the journal (toolbus recover)." if attempt.replaced else ""
-        raise JournalUnavailable(
-            f"{attempt.path} was written, but the journal could not record it: {error}.{kept}"
-        ) from error
+        also = f" {kept} is kept in the journal (toolbus recover)." if kept else ""
+        raise JournalUnavailable(f"{done}, but the journal could not record it: {error}.{also}") from error
 
 
 def refusal_message(reason: Refusal, detail: str, file_path: str) -> str:
@@ -285,9 +292,10 @@ async def close_tab(command: CloseTab, context: HandlerContext[Any]) -> str:
             context.if_in_doubt = ()
             if not wiped:
                 continue
-        await context.commit(
-            TabClosed(path=match.path, tab_name=command.tab_name, was_modified=match.modified, discarded_blob=discarded)
+        closed = TabClosed(
+            path=match.path, tab_name=command.tab_name, was_modified=match.modified, discarded_blob=discarded
         )
+        await commit_done(context, closed, f"{match.path} was closed", "Its unsaved text" if discarded else None)
         return TAB_CLOSED
     # The user kept typing into it: leave their buffer alone rather than chase it.
     await context.commit(TabCloseSkipped(tab_name=command.tab_name, reason="busy", candidates=[match.path]))

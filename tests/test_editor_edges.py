@@ -666,6 +666,10 @@ async def test_unsaved_text_survives_a_close_whose_commit_fails(
         )
     result = await client.call_tool("close_tab", {"tab_name": "a.py"})
     assert result.is_error and "disk trouble" in text_of(result)
+    # It says what was done, so the agent does not "try again" a close that happened.
+    assert text_of(result).startswith(f"{path} was closed, but the journal could not record it: "), text_of(result)
+    assert text_of(result).endswith(". Its unsaved text is kept in the journal (toolbus recover).")
+    assert str(path) not in nvim.buffer_names()
     assert journal.rows("SELECT content FROM blobs") == [{"content": b"precious\n"}]
     assert journal.commands("close_tab")[0]["status"] == "in_doubt"
 
