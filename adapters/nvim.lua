@@ -1341,10 +1341,12 @@ end
 -- in its file's buffer, unsaved, when the view closes, the only copy there is; the user told.
 function M.diff_keep_staged(id, notice)
   local view = diffs[id]
-  if view and view.staged then
-    view.staged = nil
-    vim.notify(notice, vim.log.levels.WARN)
+  if not (view and view.staged) then
+    return false -- taken down meanwhile (its toolbus's connection went), the text with it
   end
+  view.staged = nil
+  vim.notify(notice, vim.log.levels.WARN)
+  return true
 end
 
 -- An accepted text staged into its file's buffer, and left there unwritten (the write failed),

@@ -473,8 +473,8 @@ class NvimEditor:
     async def stage_diff(self, view: str, text: bytes) -> DiffStaged:
         return msgspec.convert(await self._lua("diff_stage", view, text), DiffStaged)
 
-    async def keep_staged(self, view: str, notice: str) -> None:
-        await self._lua("diff_keep_staged", view, notice)
+    async def keep_staged(self, view: str, notice: str) -> bool:
+        return bool(await self._lua("diff_keep_staged", view, notice))
 
     async def close_diff(self, view: str) -> None:
         diff = self._diffs.pop(view, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ToolbusError(Exception):
     """Base of every error toolbus reports to a caller."""
@@ -39,6 +41,15 @@ class EditorTimeout(Fault):
 
 class JournalUnavailable(Fault):
     """The journal cannot be written (locked, read-only, full, or not a toolbus journal)."""
+
+    def without_retry(self) -> str:
+        """What failed, without the advice to try again: for an answer saying that the call's
+        act was done (or its text kept) all the same, which a retry would repeat or undo."""
+        return _TRY_AGAIN.sub("", str(self))
+
+
+# How the journal's messages advise a retry: after what failed, before a sentence or the end.
+_TRY_AGAIN = re.compile(r"[:,] (?:check the server, and )?try again(?: later)?(?=\.|$)")
 
 
 class JournalNotFound(JournalUnavailable):

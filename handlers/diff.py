@@ -143,10 +143,15 @@ async def _left_unsaved(context: HandlerContext[Any], view: DiffView, error: Jou
     the file's buffer, unsaved, for the user to write once the journal is free."""
     waits = f"the text the user accepted waits, unsaved, in the buffer of {view.path} in Neovim"
     try:
-        await editor_of(context).keep_staged(view.id, f"toolbus could not record your accept: {waits}")
+        kept = await editor_of(context).keep_staged(view.id, f"toolbus could not record your accept: {waits}")
     except ToolbusError:
-        raise error from None
-    raise JournalUnavailable(f"{error}; {waits}") from error
+        kept = False
+    if not kept:  # the view went meanwhile (its connection dropped), and the text with it
+        raise error
+    raise JournalUnavailable(
+        f"{error.without_retry()}; {waits}: do not propose it again; once the journal is free, "
+        "saveDocument (or the user's :w) writes it"
+    ) from error
 
 
 async def _failed(

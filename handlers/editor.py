@@ -238,7 +238,8 @@ async def commit_done(
         await context.commit(event, blobs=blobs)
     except JournalUnavailable as error:  # the command stays in_doubt: it did act
         also = f" {kept} is kept in the journal (toolbus recover)." if kept else ""
-        raise JournalUnavailable(f"{done}, but the journal could not record it: {error}.{also}") from error
+        why = error.without_retry()
+        raise JournalUnavailable(f"{done}, but the journal could not record it: {why}.{also}") from error
 
 
 def refusal_message(reason: Refusal, detail: str, file_path: str) -> str:

@@ -253,9 +253,10 @@ class Editor(Protocol):
         if the file changed on disk since the view opened or its buffer was changed since."""
         ...
 
-    async def keep_staged(self, view: str, notice: str) -> None:
+    async def keep_staged(self, view: str, notice: str) -> bool:
         """Leave the text `stage_diff` put into the file's buffer there, unsaved, when the view
-        closes (instead of taking it out again), and tell the user `notice`."""
+        closes (instead of taking it out again), and tell the user `notice`; whether it was
+        still there to keep."""
         ...
 
     async def close_diff(self, view: str) -> None:

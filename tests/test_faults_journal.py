@@ -23,8 +23,10 @@ import pytest
 from tests.faults_helpers import assert_sound, can_mount, deny_writes, remount, saved_titles, small_filesystem
 from tests.journal_helpers import cli
 from tests.rpc_client import ServerGone, StdioServer, result_json, result_text, toolbus_argv
+from toolbus.bus import JournalUnavailable
 from toolbus.journal import SqliteJournal
 from toolbus.journal.sqlite.readonly import open_readonly, require_journal
+from toolbus.journal.sqlite.store import explain_sqlite
 
 
 def start_fails(tmp_path: Path, journal: Path) -> tuple[int | None, str]:
@@ -354,3 +356,26 @@ def test_a_journal_another_process_holds_exclusively_is_said_to_be_locked(tmp_pa
         audit = cli("audit", "--journal", journal, env={"TOOLBUS_JOURNAL_TIMEOUT": "0.3"})
         holder.communicate("")
     assert audit.code == 2 and audit.err.strip().endswith("is locked by another process (waited for it): try again")
+
+
+def test_an_answer_for_an_act_done_drops_the_journals_advice_to_try_again(tmp_path: Path) -> None:
+    """The act was done (or its text kept): a retry would repeat or undo it, so the answer keeps
+    what failed and drops "try again", in the words each journal really uses."""
+    journal = tmp_path / "journal.db"
+    with contextlib.closing(sqlite3.connect(journal, isolation_level=None)) as holder:
+        holder.execute("CREATE TABLE t (x)")
+        holder.execute("BEGIN IMMEDIATE")
+        with (
+            contextlib.closing(sqlite3.connect(journal, timeout=0)) as writer,
+            pytest.raises(sqlite3.DatabaseError) as held,
+        ):
+            writer.execute("INSERT INTO t VALUES (1)")
+    locked = JournalUnavailable(explain_sqlite(journal, held.value))
+    assert str(locked).endswith(": try again")
+    assert locked.without_retry() == f"the journal at {journal} is locked by another process (waited for it)"
+    saved = JournalUnavailable(f"{locked}. /src/a.py was not saved: it is unchanged")
+    assert saved.without_retry() == f"{locked.without_retry()}. /src/a.py was not saved: it is unchanged"
+    unanswered = "the team journal at postgresql://db/team did not answer within 10 s"
+    assert JournalUnavailable(f"{unanswered}: check the server, and try again").without_retry() == unanswered
+    full = JournalUnavailable(f"the disk holding the journal at {journal} is full: free space, nothing was written")
+    assert full.without_retry() == str(full)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import JournalReader, NeovimProcess
 from tests.rpc_client import RpcError, ServerGone, StdioServer, clean_env, toolbus_argv
+from toolbus.adapters.nvim import LUA_MODULE
 
 PROGRESS_INTERVAL = 0.2  # seconds, through $TOOLBUS_PROGRESS_INTERVAL: the real one is 9 s
 
@@ -406,11 +407,44 @@ def test_an_accept_the_journal_cannot_record_leaves_the_accepted_text_unsaved_in
             other.execute("ROLLBACK")
     [text] = texts(answer)
     assert answer["isError"] and "is locked by another process" in text, text
-    assert text.endswith(f"the text the user accepted waits, unsaved, in the buffer of {path} in Neovim"), text
+    waits = f"the text the user accepted waits, unsaved, in the buffer of {path} in Neovim"
+    assert text.endswith(
+        f"{waits}: do not propose it again; once the journal is free, saveDocument (or the user's :w) writes it"
+    )
+    assert "try again" not in text  # a retry is refused (unsaved changes), and a close_tab would wipe the text
     assert path.read_text() == "x = 1\ny = 2\n"
     assert (nvim.lines(path), nvim.modified(path), view_buffers(nvim)) == (["x = 2", "mine = 1"], True, 0)
     assert "toolbus could not record your accept" in messages(nvim)
     nvim.command(f"bwipeout! {path}")  # the next test's Neovim holds no unsaved buffer
+
+
+def test_an_accept_the_journal_cannot_record_claims_no_text_a_dropped_connection_took_away(
+    root: Path, nvim: NeovimProcess, files: Path
+) -> None:
+    """While the write-ahead waits for the journal, toolbus's connection drops and Neovim tends
+    the view as an orphan, taking the staged text out: the answer then says nothing waits."""
+    path = files / "a.py"
+    with start_server(root, nvim, env={"TOOLBUS_JOURNAL_TIMEOUT": "2"}) as server:
+        request = propose(server, path, "x = 2\n", "dropped")
+        shown(nvim)
+        with contextlib.closing(sqlite3.connect(root / "journal.db", isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            nvim.command("write")
+            staged = "local b = vim.fn.bufnr(...) return b ~= -1 and vim.api.nvim_buf_get_lines(b, 0, -1, false)[1]"
+            wait_until(lambda: nvim.lua(staged, str(path)) == "x = 2", "the accepted text staged")
+            ours = nvim.call(lambda n: n.channel_id)
+            nvim.lua(
+                "for _, c in ipairs(vim.api.nvim_list_chans()) do"
+                " if c.mode == 'rpc' and c.id ~= ... then vim.fn.chanclose(c.id) end end",
+                ours,
+            )
+            nvim.lua(f"_G[{LUA_MODULE!r}].diff_close_orphans()")
+            answer = server.wait_for(request)
+            other.execute("ROLLBACK")
+    [text] = texts(answer)
+    assert answer["isError"] and "waits" not in text and text.endswith("was not saved: it is unchanged"), text
+    assert path.read_text() == "x = 1\ny = 2\n"
+    assert nvim.lua("return vim.fn.bufexists(...)", str(path)) == 0  # taken out as it was loaded
 
 
 @pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-be"])
